@@ -1,0 +1,67 @@
+"""kindex: a navigable two-layer index for a chat agent's folder of Markdown knowledge.
+
+Generation (``reindex``, ``root``, ``sub``, ``doc``, ``preview``, ``validate``) writes and checks
+``index.json`` files; all of it works offline with the extractive generator, or with any litellm model.
+"""
+
+from kindex.errors import (
+    AnswerError,
+    BusyError,
+    IndexMissingError,
+    KBNotFoundError,
+    KindexError,
+    ModelCallError,
+    ModelError,
+    NotAThemeError,
+    PathNotInThemeError,
+    UsageError,
+)
+from kindex.generate import Failure, Options, Preview, Progress, RunReport, doc, preview, reindex, root, sub
+from kindex.generators import ExtractiveGenerator, Generator, LLMGenerator
+from kindex.jsonextract import extract_object
+from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings
+from kindex.model import DocItem, Index, ThemeItem, parse_index
+from kindex.scan import Scan, ScannedDoc, scan
+from kindex.validate import validate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnswerError",
+    "BusyError",
+    "Completion",
+    "DocItem",
+    "ExtractiveGenerator",
+    "Failure",
+    "Generator",
+    "Index",
+    "IndexMissingError",
+    "KBNotFoundError",
+    "KindexError",
+    "LLMClient",
+    "LLMGenerator",
+    "LLMSettings",
+    "LiteLLMClient",
+    "ModelCallError",
+    "ModelError",
+    "NotAThemeError",
+    "Options",
+    "PathNotInThemeError",
+    "Preview",
+    "Progress",
+    "RunReport",
+    "Scan",
+    "ScannedDoc",
+    "ThemeItem",
+    "UsageError",
+    "__version__",
+    "doc",
+    "extract_object",
+    "parse_index",
+    "preview",
+    "reindex",
+    "root",
+    "scan",
+    "sub",
+    "validate",
+]

@@ -1,0 +1,184 @@
+"""The offline generator's heuristics: entries built from the document itself, deterministic and free.
+
+Used when no model is configured, and as the stand-in entry for a document whose model answers failed, so that
+every document stays navigable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kindex.model import SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
+from kindex.scan import ScannedDoc, headings_of
+
+SUMMARY_TARGET = 160
+_TAGS = 10
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=\.)\s")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{2,}")
+_CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
+_MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|\{%|import |\[\^)")
+_STOP = frozenset(
+    [
+        "the",
+        "and",
+        "for",
+        "with",
+        "that",
+        "this",
+        "from",
+        "are",
+        "you",
+        "your",
+        "can",
+        "will",
+        "not",
+        "but",
+        "use",
+        "used",
+        "using",
+        "how",
+        "what",
+        "when",
+        "which",
+        "into",
+        "have",
+        "has",
+        "had",
+        "was",
+        "were",
+        "its",
+        "they",
+        "them",
+        "then",
+        "than",
+        "there",
+        "here",
+        "also",
+        "all",
+        "any",
+        "one",
+        "more",
+        "most",
+        "other",
+        "such",
+        "only",
+        "about",
+        "should",
+        "would",
+        "could",
+        "may",
+        "must",
+        "our",
+        "out",
+        "see",
+        "each",
+        "these",
+        "those",
+        "their",
+        "some",
+        "like",
+        "just",
+        "get",
+        "set",
+        "new",
+        "via",
+    ]
+)
+
+
+def is_cjk_text(text: str) -> bool:
+    """Whether text is mostly Chinese/Japanese, judged on its letters."""
+    letters = sum(1 for ch in text[:2000] if ch.isalpha())
+    return letters > 0 and len(_CJK.findall(text[:2000])) / letters > 0.3
+
+
+def describe_doc(doc: ScannedDoc, text: str) -> dict[str, Any]:
+    """An entry for ``doc``: frontmatter first, then the first heading, paragraph, section headings and terms."""
+    sig = doc.signals
+    title = sig.title or (doc.headings[0] if doc.headings else doc.rel.rsplit("/", 1)[-1].removesuffix(".md"))
+    summary = sig.description or first_paragraph(text) or "；".join(doc.headings[1:6]) or title
+    tags = list(sig.tags) or distinctive_tags(text, title)
+    return {"title": title, "summary": summary, "tags": tags, "paths": list(sig.paths)}
+
+
+def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:
+    """A theme entry listing what the folder holds, in the language of its documents."""
+    titles = [d.signals.title or (d.headings[0] if d.headings else d.rel.rsplit("/", 1)[-1]) for d in docs]
+    chinese = is_cjk_text(" ".join(titles))
+    shown = ("、" if chinese else ", ").join(titles[:8])
+    more = len(titles) > 8
+    if chinese:
+        summary = f"{dir_name} 主题，共 {len(docs)} 篇文档：{shown}{' 等' if more else ''}。"
+    else:
+        summary = f"{dir_name}: {len(docs)} documents: {shown}{', …' if more else ''}."
+    counts: Counter[str] = Counter()
+    for d in docs:
+        counts.update(t for t in d.signals.tags)
+    tags = [t for t, _ in counts.most_common(_TAGS)] or titles[:_TAGS]
+    return {"title": dir_name, "summary": summary, "tags": tags}
+
+
+def first_paragraph(text: str) -> str:
+    """The first paragraph that reads as prose, cut at a sentence boundary near ``SUMMARY_TARGET``."""
+    para: list[str] = []
+    in_fence = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        if not stripped:
+            if para:
+                break
+            continue
+        if _NOISE_LINE.match(stripped):
+            if para:
+                break
+            continue
+        para.append(_MD_LINK.sub(r"\1", stripped).replace("**", "").replace("`", ""))
+    joined = clean_text(" ".join(para), 10 * SUMMARY_MAX)
+    return cut_sentence(joined, SUMMARY_TARGET)
+
+
+def cut_sentence(text: str, target: int) -> str:
+    """``text`` cut after the last sentence end at or before ``target`` characters (or hard-cut with …)."""
+    if len(text) <= target:
+        return text
+    cut = 0
+    for m in _SENTENCE_END.finditer(text):
+        if m.start() > target:
+            break
+        cut = m.start()
+    if cut >= target // 3:
+        return text[:cut].strip()
+    return text[: target - 1].rstrip() + "…"
+
+
+def distinctive_tags(text: str, title: str) -> list[str]:
+    """Section headings and repeated code names or Latin terms: the words a reader would search with."""
+    tags: list[str] = []
+    seen = {title.casefold()}
+    for h in headings_of(text)[1:]:
+        h = clean_text(h, TITLE_MAX)
+        if 1 < len(h) <= TAG_MAX // 2 and h.casefold() not in seen:
+            seen.add(h.casefold())
+            tags.append(h)
+        if len(tags) >= _TAGS // 2:
+            break
+    counts: Counter[str] = Counter()
+    counts.update(m.strip() for m in _CODE_SPAN.findall(text))
+    counts.update(w for w in _LATIN_WORD.findall(text) if w.casefold() not in _STOP)
+    for term, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if n < 2 or len(tags) >= _TAGS:
+            break
+        if term.casefold() not in seen and len(term) <= TAG_MAX:
+            seen.add(term.casefold())
+            tags.append(term)
+    return tags

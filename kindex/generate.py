@@ -1,0 +1,334 @@
+"""The generation steps (SPEC §4): preview, root, sub, doc and the whole reindex pipeline.
+
+Every step is a library function that reports progress through a callback and returns a :class:`RunReport`.
+Model answers are cached under ``.kindex/`` by what determines them, so an unchanged document is never paid for
+twice, and a document whose model answers failed keeps its previous entry (or gets an extractive one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kindex import extractive
+from kindex.errors import AnswerError, UsageError
+from kindex.generators import (
+    Answer,
+    GenerationFailed,
+    Generator,
+    Usage,
+    doc_messages,
+    make_generator,
+    root_messages,
+)
+from kindex.llm import LLMClient, LLMSettings
+from kindex.lock import write_lock
+from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+from kindex.sanitize import doc_entry, root_index, theme_index
+from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
+from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
+from kindex.tokenize import estimate_tokens
+
+DEFAULT_CONCURRENCY = 8
+# What a typical answer costs, for estimates: a document entry ~150 tokens, a root entry ~60 per item.
+DOC_ANSWER_TOKENS = 150
+ROOT_ANSWER_TOKENS_PER_ITEM = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One finished unit of work: ``completed`` of ``total`` for the running step."""
+
+    step: str
+    completed: int
+    total: int
+    item: str
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    path: str
+    reason: str
+
+
+@dataclass
+class RunReport:
+    """What a step did: progress, calls, cache hits, failures, tokens, cost and files written."""
+
+    step: str
+    generator: str
+    offline: bool
+    total: int
+    completed: int = 0
+    cache_hits: int = 0
+    usage: Usage = field(default_factory=Usage)
+    failures: list[Failure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "generator": self.generator,
+            "offline": self.offline,
+            "progress": {"completed": self.completed, "total": self.total},
+            "calls": self.usage.calls,
+            "cache_hits": self.cache_hits,
+            "retries": self.usage.retries,
+            "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens,
+            "cost": self.usage.cost,
+            "failures": [{"path": f.path, "reason": f.reason} for f in self.failures],
+            "notes": self.notes,
+            "written": self.written,
+            "wall_seconds": round(self.wall_seconds, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """The scan of a KB as the generation steps will see it, with the size of a full run (no model call)."""
+
+    scan: Scan
+    llm_configured: bool
+    model: str | None
+    estimated_prompt_tokens: int
+    estimated_completion_tokens: int
+
+    @property
+    def steps_total(self) -> int:
+        return 1 + sum(len(d) for d in self.scan.themes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.scan
+        return {
+            "kb": str(s.kb),
+            "steps_total": self.steps_total,
+            "top_dirs": list(s.themes),
+            "top_dir_docs": {name: [d.path_in_theme for d in docs] for name, docs in s.themes.items()},
+            "root_docs": [d.rel for d in s.root_docs],
+            "llm_configured": self.llm_configured,
+            "model": self.model,
+            "skipped": [x.to_dict() for x in s.skipped],
+            "warnings": [x.to_dict() for x in s.warnings],
+            "estimated_tokens": {
+                "prompt": self.estimated_prompt_tokens,
+                "completion": self.estimated_completion_tokens,
+                "calls": self.steps_total,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Settings shared by the generation steps."""
+
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    client: LLMClient | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    excerpt_chars: int = DEFAULT_EXCERPT_CHARS
+    force: bool = False
+    wait: float = 0.0
+    on_progress: ProgressCallback | None = None
+
+    def check(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.excerpt_chars < 100:
+            raise UsageError(f"excerpt length must be at least 100 characters, got {self.excerpt_chars}")
+        self.llm.check()
+
+
+def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Preview:
+    """Scan ``kb`` and estimate a full run; never calls (or imports) a model."""
+    opts = options or Options()
+    opts.check()
+    s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None)
+    prompt += _tokens_of(root_messages(s))
+    completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs))
+    completion += ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs))
+    return Preview(s, opts.llm.configured or opts.client is not None, opts.llm.model, prompt, completion)
+
+
+def _tokens_of(messages: Any) -> int:
+    return sum(estimate_tokens(m["content"]) + 4 for m in messages)
+
+
+def reindex(kb: str | os.PathLike[str], options: Options | None = None) -> RunReport:
+    """The whole pipeline: root index, then every theme's documents (concurrently), then the theme indexes."""
+    return _run(kb, options, "reindex", lambda r: r.reindex())
+
+
+def root(kb: str | os.PathLike[str], options: Options | None = None) -> RunReport:
+    """Write the root ``index.json`` only."""
+    return _run(kb, options, "root", lambda r: r.root())
+
+
+def sub(kb: str | os.PathLike[str], dir_name: str, options: Options | None = None) -> RunReport:
+    """Write ``DIR/index.json``: one entry per scanned document of theme ``dir_name``."""
+    return _run(kb, options, "sub", lambda r: r.theme(dir_name), subject=dir_name)
+
+
+def doc(
+    kb: str | os.PathLike[str],
+    dir_name: str,
+    path: str,
+    options: Options | None = None,
+    *,
+    clear_dir: bool = False,
+) -> RunReport:
+    """Merge one document's entry into ``DIR/index.json``; ``clear_dir`` starts that theme index afresh."""
+    return _run(kb, options, "doc", lambda r: r.one_doc(dir_name, path, clear_dir), subject=dir_name)
+
+
+def _run(
+    kb: str | os.PathLike[str],
+    options: Options | None,
+    step: str,
+    body: Callable[[_Runner], Any],
+    subject: str | None = None,
+) -> RunReport:
+    opts = options or Options()
+    opts.check()
+    s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    if subject is not None:
+        s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
+    generator = make_generator(opts.llm, opts.client)
+    started = time.monotonic()
+    with write_lock(s.kb, step, wait=opts.wait):
+        runner = _Runner(s, generator, opts, step)
+        asyncio.run(body(runner))
+    runner.report.wall_seconds = time.monotonic() - started
+    return runner.report
+
+
+class _Runner:
+    def __init__(self, s: Scan, generator: Generator, opts: Options, step: str) -> None:
+        self.scan = s
+        self.generator = generator
+        self.opts = opts
+        self.cache = Cache(s.kb)
+        self.report = RunReport(step=step, generator=generator.name, offline=generator.offline, total=0)
+        self._sem: asyncio.Semaphore | None = None
+
+    @property
+    def sem(self) -> asyncio.Semaphore:
+        # Created lazily so that it belongs to the running event loop.
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.opts.concurrency)
+        return self._sem
+
+    def _tick(self, step: str, item: str) -> None:
+        self.report.completed += 1
+        if self.opts.on_progress is not None:
+            self.opts.on_progress(Progress(step, self.report.completed, self.report.total, item))
+
+    def _write(self, path: Path, index: Index) -> None:
+        write_index(path, index)
+        self.report.written.append(path.relative_to(self.scan.kb).as_posix())
+
+    async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
+        """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
+        if not self.opts.force:
+            cached = self.cache.get(key)
+            if cached is not None:
+                self.report.cache_hits += 1
+                return Answer(cached)
+        async with self.sem:
+            try:
+                answer: Answer = await ask()
+            except GenerationFailed as exc:
+                self.report.usage.merge(exc.usage)
+                self.report.failures.append(Failure(label, exc.message))
+                return None
+        self.report.usage.merge(answer.usage)
+        if not self.generator.offline:
+            self.cache.put(key, answer.obj)
+        return answer
+
+    # -- root -------------------------------------------------------------------------------------------------
+
+    async def root(self, *, counted: bool = True) -> None:
+        s = self.scan
+        if counted:
+            self.report.total = 1
+        previous = read_index(root_index_path(s.kb)) or Index()
+        theme_defaults: dict[str, ThemeItem] = {}
+        for name, docs in s.themes.items():
+            old = next((t for t in previous.themes if t.dir == name), None)
+            theme_defaults[name] = old or theme_item_from(extractive.describe_theme(name, docs), name)
+        doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in s.root_docs}
+        answer = await self._answer(self.generator.root_key(s), "index.json", lambda: self.generator.describe_root(s))
+        if answer is None:
+            index = Index(themes=tuple(theme_defaults.values()), documents=tuple(doc_defaults.values())).sorted()
+        else:
+            index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
+            self.report.notes.extend(f"index.json: {n}" for n in notes)
+        self._write(root_index_path(s.kb), index)
+        self._tick("root", "index.json")
+
+    def _fallback_doc(self, d: ScannedDoc, previous: Index) -> DocItem:
+        """The previous entry of ``d`` if the index has one, else an extractive entry: it stays navigable."""
+        old = previous.document(d.path_in_theme)
+        if old is not None:
+            return old
+        return doc_item_from(extractive.describe_doc(d, self.scan.read_text(d)), d.path_in_theme)
+
+    # -- documents and themes ---------------------------------------------------------------------------------
+
+    async def _doc_entry(self, d: ScannedDoc, previous: Index) -> DocItem:
+        answer = await self._answer(self.generator.doc_key(d), d.rel, lambda: self.generator.describe_doc(self.scan, d))
+        item: DocItem | None = None
+        if answer is not None:
+            try:
+                item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths)
+            except AnswerError as exc:  # a cached answer that no longer validates: treat as a failure
+                self.report.failures.append(Failure(d.rel, f"stored answer unusable: {exc}"))
+        if item is None:
+            item = self._fallback_doc(d, previous)
+        self._tick("doc", d.rel)
+        return item
+
+    async def theme(self, dir_name: str, *, counted: bool = True) -> None:
+        docs = self.scan.theme_docs(dir_name)
+        if counted:
+            self.report.total = len(docs)
+        path = theme_index_path(self.scan.kb, dir_name)
+        previous = read_index(path) or Index()
+        items = await asyncio.gather(*(self._doc_entry(d, previous) for d in docs))
+        self._write(path, theme_index(items))
+
+    async def one_doc(self, dir_name: str, rel_path: str, clear_dir: bool) -> None:
+        d = self.scan.theme_doc(dir_name, rel_path)
+        self.report.total = 1
+        path = theme_index_path(self.scan.kb, dir_name)
+        previous = Index() if clear_dir else (read_index(path) or Index())
+        item = await self._doc_entry(d, previous)
+        # Re-read just before writing: the lock makes this the only writer, and the merge keeps every other entry.
+        current = Index() if clear_dir else (read_index(path) or Index())
+        scanned = {x.path_in_theme for x in self.scan.theme_docs(dir_name)}
+        kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
+        self._write(path, theme_index([*kept, item]))
+
+    async def reindex(self) -> None:
+        s = self.scan
+        self.report.total = 1 + sum(len(d) for d in s.themes.values())
+        await self.root(counted=False)
+        await asyncio.gather(*(self.theme(name, counted=False) for name in s.themes))
+        if not self.generator.offline:
+            live = {self.generator.root_key(s)} | {self.generator.doc_key(d) for d in s.documents}
+            self.cache.compact(live)

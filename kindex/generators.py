@@ -1,0 +1,261 @@
+"""Generators: what turns a scanned document (or the KB's top level) into an index entry.
+
+Both generators answer through the same seam and their answers go through the same sanitising, so the offline
+generator is a drop-in stand-in for a model, and a model's failure can fall back to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from kindex import extractive, templating
+from kindex.errors import AnswerError, KindexError, ModelCallError
+from kindex.jsonextract import extract_object
+from kindex.llm import Completion, LLMClient, LLMSettings, Message
+from kindex.sanitize import doc_entry, require_root_lists
+from kindex.scan import Scan, ScannedDoc
+
+DOC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "summary": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "paths": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["title", "summary", "tags"],
+}
+_ENTRY = {"type": "object", "properties": DOC_SCHEMA["properties"]}
+ROOT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "themes": {
+            "type": "array",
+            "items": {**_ENTRY, "properties": {"dir": {"type": "string"}, **_ENTRY["properties"]}},
+        },
+        "documents": {
+            "type": "array",
+            "items": {**_ENTRY, "properties": {"path": {"type": "string"}, **_ENTRY["properties"]}},
+        },
+    },
+    "required": ["themes", "documents"],
+}
+_DOC_SHAPE = '{"title": "...", "summary": "...", "tags": ["..."]}'
+_ROOT_SHAPE = '{"themes": [{"dir", "title", "summary", "tags"}], "documents": [{"path", "title", "summary", "tags"}]}'
+ROOT_EXCERPT_CHARS = 400
+ROOT_TITLES_PER_THEME = 20
+
+
+@dataclass
+class Usage:
+    """What answering cost: model calls, retries and tokens (and money, when the price is known)."""
+
+    calls: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+
+    def add(self, c: Completion) -> None:
+        self.calls += 1
+        self.retries += c.retries
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+        if c.cost is not None:
+            self.cost = (self.cost or 0.0) + c.cost
+
+    def merge(self, other: Usage) -> None:
+        self.calls += other.calls
+        self.retries += other.retries
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+
+
+@dataclass
+class Answer:
+    """A generator's raw answer (a JSON object, not yet sanitised) and its usage."""
+
+    obj: dict[str, Any]
+    usage: Usage = field(default_factory=Usage)
+
+
+class GenerationFailed(KindexError):
+    """No usable answer for one item, after retries and a repair request; carries what was spent trying."""
+
+    code = "model_error"
+
+    def __init__(self, message: str, usage: Usage) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+@dataclass(frozen=True, slots=True)
+class ThemeOutline:
+    """What the root prompt is told about one theme."""
+
+    dir: str
+    count: int
+    titles: tuple[str, ...]
+    more: bool
+
+
+def root_outline(scan: Scan) -> list[ThemeOutline]:
+    out = []
+    for name, docs in scan.themes.items():
+        titles = tuple(d.title_hint for d in docs[:ROOT_TITLES_PER_THEME])
+        out.append(ThemeOutline(name, len(docs), titles, len(docs) > ROOT_TITLES_PER_THEME))
+    return out
+
+
+class Generator(Protocol):
+    """Answers for one document and for the root, plus the keys under which answers may be cached."""
+
+    name: str
+    offline: bool
+
+    def doc_key(self, doc: ScannedDoc) -> str: ...
+
+    def root_key(self, scan: Scan) -> str: ...
+
+    async def describe_doc(self, scan: Scan, doc: ScannedDoc) -> Answer: ...
+
+    async def describe_root(self, scan: Scan) -> Answer: ...
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(orjson.dumps(parts, default=str)).hexdigest()
+
+
+class ExtractiveGenerator:
+    """The offline default: entries from frontmatter, headings and first paragraphs. Deterministic, free."""
+
+    name = "extractive"
+    offline = True
+    _VERSION = "extractive-1"
+
+    def doc_key(self, doc: ScannedDoc) -> str:
+        return _digest(self._VERSION, doc.rel, doc.sha256)
+
+    def root_key(self, scan: Scan) -> str:
+        return _digest(self._VERSION, [(d.rel, d.sha256) for d in scan.documents])
+
+    async def describe_doc(self, scan: Scan, doc: ScannedDoc) -> Answer:
+        return Answer(extractive.describe_doc(doc, scan.read_text(doc)))
+
+    async def describe_root(self, scan: Scan) -> Answer:
+        return Answer(
+            {
+                "themes": [{"dir": n, **extractive.describe_theme(n, d)} for n, d in scan.themes.items()],
+                "documents": [
+                    {"path": d.path_in_theme, **extractive.describe_doc(d, scan.read_text(d))} for d in scan.root_docs
+                ],
+            }
+        )
+
+
+class LLMGenerator:
+    """Entries written by a model through an :class:`LLMClient`, with one repair request per bad answer."""
+
+    offline = False
+
+    def __init__(self, client: LLMClient, settings: LLMSettings) -> None:
+        self.client = client
+        self.settings = settings
+        self.name = f"llm:{settings.model}"
+        s = settings
+        self._fingerprint = (s.model, s.temperature, s.max_tokens, templating.version("repair.j2"))
+
+    def doc_key(self, doc: ScannedDoc) -> str:
+        return _digest(self._fingerprint, doc_messages(doc))
+
+    def root_key(self, scan: Scan) -> str:
+        return _digest(self._fingerprint, root_messages(scan))
+
+    async def describe_doc(self, scan: Scan, doc: ScannedDoc) -> Answer:
+        return await self._ask(doc_messages(doc), DOC_SCHEMA, _DOC_SHAPE, _check_doc)
+
+    async def describe_root(self, scan: Scan) -> Answer:
+        return await self._ask(root_messages(scan), ROOT_SCHEMA, _ROOT_SHAPE, require_root_lists)
+
+    async def _ask(
+        self,
+        messages: list[Message],
+        schema: Mapping[str, Any],
+        shape: str,
+        check: Callable[[Mapping[str, Any]], object],
+    ) -> Answer:
+        usage = Usage()
+        convo = list(messages)
+        for attempt in (1, 2):
+            try:
+                completion = await self.client.complete(convo, json_schema=schema)
+            except ModelCallError as exc:
+                raise GenerationFailed(exc.message, usage) from None
+            usage.add(completion)
+            try:
+                obj = extract_object(completion.text)
+                check(obj)
+            except AnswerError as exc:
+                if attempt == 2:
+                    raise GenerationFailed(f"unusable answer after a repair request: {exc.message}", usage) from None
+                convo += [
+                    {"role": "assistant", "content": completion.text[:4000]},
+                    {
+                        "role": "user",
+                        "content": templating.render("repair.j2", error=exc.message, shape=shape),
+                    },
+                ]
+                continue
+            return Answer(obj, usage)
+        raise AssertionError("unreachable")
+
+
+def _check_doc(obj: Mapping[str, Any]) -> None:
+    doc_entry(obj, "-")
+
+
+def doc_messages(doc: ScannedDoc) -> list[Message]:
+    """The chat messages asking for ``doc``'s entry: the path kindex gives, author signals, the excerpt."""
+    user = templating.render(
+        "doc_user.j2",
+        path=doc.path_in_theme,
+        signals=doc.signals,
+        headings=doc.headings[:20],
+        excerpt=doc.excerpt,
+    )
+    return [
+        {"role": "system", "content": templating.render("doc_system.j2")},
+        {"role": "user", "content": user},
+    ]
+
+
+def root_messages(scan: Scan) -> list[Message]:
+    """The chat messages asking for the root index: root excerpts and the closed lists of paths and dirs."""
+    docs = [
+        {"path": d.path_in_theme, "excerpt": " ".join(d.excerpt[:ROOT_EXCERPT_CHARS].split())} for d in scan.root_docs
+    ]
+    return [
+        {"role": "system", "content": templating.render("root_system.j2")},
+        {
+            "role": "user",
+            "content": templating.render("root_user.j2", documents=docs, themes=root_outline(scan)),
+        },
+    ]
+
+
+def make_generator(settings: LLMSettings, client: LLMClient | None = None) -> Generator:
+    """The LLM generator when a model is configured (or a client is given), else the extractive one."""
+    if client is not None:
+        return LLMGenerator(client, settings)
+    if not settings.configured:
+        return ExtractiveGenerator()
+    from kindex.llm import LiteLLMClient
+
+    return LLMGenerator(LiteLLMClient(settings), settings)

@@ -1,0 +1,249 @@
+"""The LLM seam: a small client protocol, its settings, and the litellm adapter.
+
+litellm is imported only when a model is actually called: importing it costs seconds and hundreds of MB, and it
+would fetch a price list from the internet unless told to use its bundled copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from kindex.errors import ModelCallError, ModelError, UsageError
+
+Message = Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One model answer and what it cost."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+    retries: int = 0
+
+
+class LLMClient(Protocol):
+    """What generation needs from a model: one chat completion at a time (called concurrently)."""
+
+    async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion: ...
+
+
+RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class LLMSettings:
+    """How to reach the model. Unset fields come from ``KINDEX_*`` environment variables (see ``from_env``)."""
+
+    model: str | None = None
+    api_base: str | None = None
+    temperature: float = 0.1
+    timeout: float = 60.0
+    max_tokens: int = 600
+    retries: int = 4
+    retry_base_delay: float = 1.0
+    response_format: str = "auto"
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.model)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> LLMSettings:
+        """Settings from ``KINDEX_MODEL``, ``KINDEX_API_BASE``, ``KINDEX_TEMPERATURE``, ``KINDEX_TIMEOUT``,
+        ``KINDEX_MAX_TOKENS``, ``KINDEX_RETRIES``, ``KINDEX_RETRY_BASE_DELAY`` and ``KINDEX_RESPONSE_FORMAT``;
+        keyword ``overrides`` that are not ``None`` win (that is how CLI flags apply)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, conv in (
+            ("model", str),
+            ("api_base", str),
+            ("temperature", float),
+            ("timeout", float),
+            ("max_tokens", int),
+            ("retries", int),
+            ("retry_base_delay", float),
+            ("response_format", str),
+        ):
+            raw = env.get(f"KINDEX_{name.upper()}")
+            if raw not in (None, ""):
+                try:
+                    values[name] = conv(raw)
+                except ValueError:
+                    raise UsageError(f"KINDEX_{name.upper()}={raw!r} is not a valid {conv.__name__}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = replace(cls(), **values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Raise :class:`UsageError` for values no provider could accept."""
+        if not 0 <= self.temperature <= 2:
+            raise UsageError(f"temperature {self.temperature} is outside 0..2")
+        if self.timeout <= 0 or self.max_tokens <= 0 or self.retries < 0 or self.retry_base_delay < 0:
+            raise UsageError("timeout and max tokens must be positive, retries and retry delay not negative")
+        if self.response_format not in RESPONSE_FORMATS:
+            raise UsageError(f"response format {self.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}")
+
+
+def import_litellm() -> Any:
+    """Import litellm with its bundled price list (no network at import) and its own logging quiet."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    litellm.drop_params = True
+    return litellm
+
+
+# Retry-After is honoured but capped, so a hostile or confused server cannot park a run for hours.
+MAX_RETRY_AFTER = 120.0
+
+
+class LiteLLMClient:
+    """An :class:`LLMClient` over ``litellm.acompletion``: any litellm model string, retries with backoff."""
+
+    def __init__(self, settings: LLMSettings) -> None:
+        if not settings.model:
+            raise UsageError("no model configured: pass --model or set KINDEX_MODEL")
+        self.settings = settings
+        self._litellm = import_litellm()
+        self._response_format = self._choose_response_format()
+
+    def _choose_response_format(self) -> str:
+        wanted = self.settings.response_format
+        if wanted != "auto":
+            return wanted
+        lt = self._litellm
+        model = self.settings.model
+        try:
+            if lt.supports_response_schema(model=model):
+                return "json_schema"
+            _, provider, _, _ = lt.get_llm_provider(model)
+            params = lt.get_supported_openai_params(model=model, custom_llm_provider=provider) or []
+        except Exception:  # litellm raises assorted errors for models it has no map entry for
+            return "none"
+        return "json_object" if "response_format" in params else "none"
+
+    def cost_per_token(self) -> tuple[float, float] | None:
+        """(prompt, completion) price per token when litellm knows the model."""
+        try:
+            info = self._litellm.get_model_info(self.settings.model)
+        except Exception:  # unknown models raise; that just means no price
+            return None
+        inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+        return (float(inp), float(out or 0.0)) if inp else None
+
+    async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
+        lt = self._litellm
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "model": s.model,
+            "messages": [dict(m) for m in messages],
+            "temperature": s.temperature,
+            "max_tokens": s.max_tokens,
+            "timeout": s.timeout,
+            # kindex does its own retries (with Retry-After); the SDK's would multiply them.
+            "num_retries": 0,
+            "max_retries": 0,
+        }
+        if s.api_base:
+            kwargs["api_base"] = s.api_base
+        if self._response_format == "json_schema":
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "kindex_entry", "schema": dict(json_schema)},
+            }
+        elif self._response_format == "json_object":
+            kwargs["response_format"] = {"type": "json_object"}
+        retryable = (
+            lt.RateLimitError,
+            lt.InternalServerError,
+            lt.ServiceUnavailableError,
+            lt.BadGatewayError,
+            lt.APIConnectionError,
+            lt.Timeout,
+        )
+        fatal = (lt.AuthenticationError, lt.PermissionDeniedError, lt.NotFoundError)
+        attempt = 0
+        while True:
+            try:
+                response = await lt.acompletion(**kwargs)
+                text = _answer_text(response)
+            except fatal as exc:
+                raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}") from None
+            except (*retryable, _EmptyAnswer) as exc:
+                if attempt >= s.retries:
+                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {_short(exc)}") from None
+                await asyncio.sleep(self._delay(exc, attempt))
+                attempt += 1
+                continue
+            except lt.APIError as exc:
+                raise ModelCallError(f"{_kind(exc)}: {_short(exc)}") from None
+            usage = getattr(response, "usage", None)
+            prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+            completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+            price = self.cost_per_token()
+            cost = None if price is None else prompt_tokens * price[0] + completion_tokens * price[1]
+            return Completion(text, prompt_tokens, completion_tokens, cost, retries=attempt)
+
+    def _delay(self, exc: BaseException, attempt: int) -> float:
+        after = retry_after(exc)
+        if after is not None:
+            return min(after, MAX_RETRY_AFTER)
+        base: float = self.settings.retry_base_delay * 2.0**attempt
+        return min(base, 60.0) * (0.5 + random.random() / 2)  # full jitter keeps parallel retries apart
+
+
+class _EmptyAnswer(Exception):
+    """A response with no choices: a provider hiccup, worth a retry."""
+
+
+def _answer_text(response: Any) -> str:
+    choices = getattr(response, "choices", None)
+    if not choices:
+        raise _EmptyAnswer("the response has no choices")
+    message = getattr(choices[0], "message", None)
+    return str(getattr(message, "content", None) or "")
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta or HTTP date) on a provider error, if any."""
+    headers: Any = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _kind(exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    name = type(exc).__name__
+    return f"{name} (HTTP {status})" if isinstance(status, int) else name
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("…" if len(text) > 300 else "")

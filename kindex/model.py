@@ -1,0 +1,229 @@
+"""The index model (SPEC §3): frozen records, their field bounds, and their JSON form.
+
+Everything that enters an index goes through the ``clean_*`` helpers, so neither a model answer nor a hand-edited
+file can bloat an entry or smuggle in a field the contract does not have.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+INDEX_VERSION = 1
+INDEX_FILE = "index.json"
+
+TITLE_MAX = 80
+SUMMARY_MAX = 400
+TAG_MAX = 32
+TAGS_MAX = 12
+GLOB_MAX = 200
+GLOBS_MAX = 16
+
+_SPACE = re.compile(r"\s+")
+# Tags often arrive as one string ("退款, 发票、refund"); these are the separators people actually use.
+_TAG_SPLIT = re.compile(r"[,，、;；|\n]+")
+
+
+def clean_text(value: object, limit: int) -> str:
+    """A single-line string with runs of white space folded, control characters dropped, cut to ``limit``."""
+    if not isinstance(value, str):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
+        else:
+            return ""
+    value = "".join(ch for ch in value if unicodedata.category(ch) != "Cc" or ch in "\t\n\r")
+    value = _SPACE.sub(" ", value).strip()
+    if len(value) > limit:
+        value = value[: limit - 1].rstrip() + "…"
+    return value
+
+
+def clean_tags(value: object, *, limit: int = TAGS_MAX) -> tuple[str, ...]:
+    """Tags from a list or a separated string: trimmed, bounded, de-duplicated case-insensitively, in order."""
+    if isinstance(value, str):
+        items: Iterable[object] = _TAG_SPLIT.split(value)
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        return ()
+    out: list[str] = []
+    seen: set[str] = set()
+    for item in items:
+        tag = clean_text(item, TAG_MAX).strip("#").strip()
+        key = tag.casefold()
+        if tag and key not in seen:
+            seen.add(key)
+            out.append(tag)
+        if len(out) >= limit:
+            break
+    return tuple(out)
+
+
+def clean_globs(value: object) -> tuple[str, ...]:
+    """``paths`` globs: strings without NUL or ``..`` segments, leading ``./`` dropped, bounded, de-duplicated."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        return ()
+    out: list[str] = []
+    for item in value:
+        if not isinstance(item, str):
+            continue
+        glob = item.strip().replace("\\", "/")
+        while glob.startswith("./"):
+            glob = glob[2:]
+        if not glob or len(glob) > GLOB_MAX or "\x00" in glob or ".." in glob.split("/"):
+            continue
+        if glob not in out:
+            out.append(glob)
+        if len(out) >= GLOBS_MAX:
+            break
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class DocItem:
+    """One document's entry. ``path`` is relative to the folder of the index file that holds it."""
+
+    path: str
+    title: str
+    summary: str
+    tags: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.path,
+            "title": self.title,
+            "summary": self.summary,
+            "tags": list(self.tags),
+        }
+        if self.paths:
+            out["paths"] = list(self.paths)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ThemeItem:
+    """One first-level topic folder's entry in the root index."""
+
+    dir: str
+    title: str
+    summary: str
+    tags: tuple[str, ...] = ()
+    index_file: str = ""
+    paths: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "dir": self.dir,
+            "title": self.title,
+            "summary": self.summary,
+            "tags": list(self.tags),
+            "index_file": self.index_file or f"{self.dir}/{INDEX_FILE}",
+        }
+        if self.paths:
+            out["paths"] = list(self.paths)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """A root index (themes and root documents) or a theme index (documents only)."""
+
+    themes: tuple[ThemeItem, ...] = ()
+    documents: tuple[DocItem, ...] = ()
+    version: int = field(default=INDEX_VERSION)
+
+    def sorted(self) -> Index:
+        """The same index in the contract's stable order: themes by dir, documents by path."""
+        return Index(
+            themes=tuple(sorted(self.themes, key=lambda t: t.dir)),
+            documents=tuple(sorted(self.documents, key=lambda d: d.path)),
+            version=INDEX_VERSION,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        ordered = self.sorted()
+        return {
+            "version": INDEX_VERSION,
+            "themes": [t.to_dict() for t in ordered.themes],
+            "documents": [d.to_dict() for d in ordered.documents],
+        }
+
+    def to_json(self) -> bytes:
+        """UTF-8 JSON with readable non-ASCII, 2-space indent and a final newline."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
+
+    def document(self, path: str) -> DocItem | None:
+        return next((d for d in self.documents if d.path == path), None)
+
+
+def doc_item_from(obj: Mapping[str, Any], path: str) -> DocItem:
+    """A bounded DocItem from loose data; ``path`` is always the caller's, never the data's."""
+    return DocItem(
+        path=path,
+        title=clean_text(obj.get("title"), TITLE_MAX),
+        summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
+        tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
+        paths=clean_globs(obj.get("paths")),
+    )
+
+
+def theme_item_from(obj: Mapping[str, Any], dir_name: str) -> ThemeItem:
+    """A bounded ThemeItem from loose data; ``dir`` and ``index_file`` are always kindex's."""
+    return ThemeItem(
+        dir=dir_name,
+        title=clean_text(obj.get("title"), TITLE_MAX),
+        summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
+        tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
+        index_file=f"{dir_name}/{INDEX_FILE}",
+        paths=clean_globs(obj.get("paths")),
+    )
+
+
+def parse_index(data: bytes) -> tuple[Index, list[str]]:
+    """Read an index file's bytes leniently: the entries that make sense, and a list of what did not.
+
+    Raises ``ValueError`` when the bytes are not a JSON object at all.
+    """
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    problems: list[str] = []
+    if obj.get("version") != INDEX_VERSION:
+        problems.append(f"version is {obj.get('version')!r}, expected {INDEX_VERSION}")
+    themes: list[ThemeItem] = []
+    for i, raw in enumerate(_list_field(obj, "themes", problems)):
+        name = raw.get("dir") if isinstance(raw, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(f"themes[{i}] has no dir")
+            continue
+        themes.append(theme_item_from(raw, name))
+    documents: list[DocItem] = []
+    for i, raw in enumerate(_list_field(obj, "documents", problems)):
+        path = raw.get("path") if isinstance(raw, dict) else None
+        if not isinstance(path, str) or not path:
+            problems.append(f"documents[{i}] has no path")
+            continue
+        documents.append(doc_item_from(raw, path))
+    return Index(themes=tuple(themes), documents=tuple(documents)), problems
+
+
+def _list_field(obj: Mapping[str, Any], name: str, problems: list[str]) -> list[Any]:
+    value = obj.get(name)
+    if value is None:
+        problems.append(f"missing {name!r}")
+        return []
+    if not isinstance(value, list):
+        problems.append(f"{name!r} is not a list")
+        return []
+    return value

@@ -1,0 +1,104 @@
+"""Aligning model answers with the scan (SPEC §3): the model may describe, never decide which paths exist."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kindex.errors import AnswerError
+from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+
+
+def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] = ()) -> DocItem:
+    """A bounded entry for ``path`` from a model answer; :class:`AnswerError` when it says nothing usable.
+
+    Whatever path the answer names, the entry describes ``path``; globs the author wrote win over proposed ones.
+    """
+    item = doc_item_from(obj, path)
+    missing = [name for name in ("title", "summary") if not getattr(item, name)]
+    if missing:
+        raise AnswerError(f"the object has no usable {' or '.join(missing)} (non-empty strings are required)")
+    if author_paths:
+        item = DocItem(item.path, item.title, item.summary, item.tags, author_paths)
+    return item
+
+
+def root_index(
+    obj: Mapping[str, Any],
+    *,
+    theme_defaults: Mapping[str, ThemeItem],
+    doc_defaults: Mapping[str, DocItem],
+) -> tuple[Index, list[str]]:
+    """The root index from a model answer, limited to the scanned root files and themes.
+
+    ``theme_defaults`` and ``doc_defaults`` name every scanned theme and root document with the entry it gets
+    when the answer leaves it out, so nothing vanishes from navigation. Returns the index and notes on what was
+    dropped or filled in. Raises :class:`AnswerError` when the answer has neither list.
+    """
+    require_root_lists(obj)
+    raw_themes, raw_docs = obj.get("themes"), obj.get("documents")
+    notes: list[str] = []
+    themes: dict[str, ThemeItem] = {}
+    for i, raw in enumerate(raw_themes if isinstance(raw_themes, list) else []):
+        name = raw.get("dir") if isinstance(raw, dict) else None
+        name = name.strip().strip("/") if isinstance(name, str) else name
+        if not isinstance(name, str) or name not in theme_defaults:
+            notes.append(f"dropped themes[{i}]: dir {name!r} is not a scanned theme")
+        elif name in themes:
+            notes.append(f"dropped themes[{i}]: second entry for dir {name!r}")
+        else:
+            themes[name] = _fill_theme(theme_item_from(raw, name), theme_defaults[name])
+    for name in sorted(set(theme_defaults) - set(themes)):
+        notes.append(f"theme {name!r} was missing: default entry added")
+        themes[name] = theme_defaults[name]
+    docs = _align_docs(raw_docs if isinstance(raw_docs, list) else [], doc_defaults, notes)
+    return Index(themes=tuple(themes.values()), documents=docs).sorted(), notes
+
+
+def require_root_lists(obj: Mapping[str, Any]) -> None:
+    """:class:`AnswerError` unless a root answer has a ``themes`` or a ``documents`` list."""
+    if not isinstance(obj.get("themes"), list) and not isinstance(obj.get("documents"), list):
+        raise AnswerError('the object has neither a "themes" list nor a "documents" list')
+
+
+def theme_index(docs: Sequence[DocItem]) -> Index:
+    """A theme index: documents only, ``themes`` always empty."""
+    return Index(themes=(), documents=tuple(docs)).sorted()
+
+
+def _align_docs(raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: list[str]) -> tuple[DocItem, ...]:
+    docs: dict[str, DocItem] = {}
+    for i, raw in enumerate(raw_docs):
+        path = raw.get("path") if isinstance(raw, dict) else None
+        if not isinstance(path, str) or path not in defaults:
+            notes.append(f"dropped documents[{i}]: path {path!r} is not a scanned document")
+        elif path in docs:
+            notes.append(f"dropped documents[{i}]: second entry for {path!r}")
+        else:
+            docs[path] = _fill_doc(doc_item_from(raw, path), defaults[path])
+    for path in sorted(set(defaults) - set(docs)):
+        notes.append(f"document {path!r} was missing: extractive entry added")
+        docs[path] = defaults[path]
+    return tuple(docs.values())
+
+
+def _fill_theme(item: ThemeItem, default: ThemeItem) -> ThemeItem:
+    return ThemeItem(
+        dir=item.dir,
+        title=item.title or default.title,
+        summary=item.summary or default.summary,
+        tags=item.tags or default.tags,
+        index_file=item.index_file,
+        paths=item.paths,
+    )
+
+
+def _fill_doc(item: DocItem, default: DocItem) -> DocItem:
+    return DocItem(
+        path=item.path,
+        title=item.title or default.title,
+        summary=item.summary or default.summary,
+        tags=item.tags or default.tags,
+        # Author-written globs (frontmatter) win over the model's proposal.
+        paths=default.paths or item.paths,
+    )

@@ -1,0 +1,298 @@
+"""Scanning a knowledge folder (SPEC §2): which Markdown documents exist, their excerpts and their signals."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kindex.errors import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.model import clean_globs, clean_tags, clean_text
+
+DEFAULT_EXCERPT_CHARS = 1200
+MAX_DOC_BYTES = 5 * 1024 * 1024
+
+_HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+# MkDocs / Docusaurus heading attributes such as "{ #tutorial }" carry no meaning for a reader.
+_HEADING_ATTR = re.compile(r"\s*\{\s*#[^}]*\}\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_BLANK_RUNS = re.compile(r"\n{3,}")
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What the author said about the document in its YAML frontmatter."""
+
+    title: str = ""
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedDoc:
+    """One Markdown document found by the scan."""
+
+    rel: str
+    """KB-relative path with ``/`` separators."""
+    theme: str | None
+    """First path segment, or ``None`` for a document directly under the KB."""
+    excerpt: str
+    signals: Signals
+    headings: tuple[str, ...]
+    sha256: str
+    chars: int
+
+    @property
+    def path_in_theme(self) -> str:
+        """The path as an index entry names it: relative to its theme folder (a bare name at the root)."""
+        return self.rel if self.theme is None else self.rel[len(self.theme) + 1 :]
+
+    @property
+    def title_hint(self) -> str:
+        """The best title the document itself offers: frontmatter, first heading, or file name."""
+        if self.signals.title:
+            return self.signals.title
+        if self.headings:
+            return self.headings[0]
+        return Path(self.rel).stem
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A file the scan did not take (or took with a warning), and why."""
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """The documents of a KB, grouped as the index is: root documents and first-level themes."""
+
+    kb: Path
+    root_docs: tuple[ScannedDoc, ...]
+    themes: Mapping[str, tuple[ScannedDoc, ...]]
+    skipped: tuple[Skipped, ...] = ()
+    warnings: tuple[Skipped, ...] = ()
+    excerpt_chars: int = DEFAULT_EXCERPT_CHARS
+
+    @property
+    def documents(self) -> tuple[ScannedDoc, ...]:
+        """Every scanned document, root first, then themes in name order."""
+        out = list(self.root_docs)
+        for name in sorted(self.themes):
+            out.extend(self.themes[name])
+        return tuple(out)
+
+    def theme_docs(self, dir_name: str) -> tuple[ScannedDoc, ...]:
+        """The documents of theme ``dir_name``; :class:`NotAThemeError` when it is not a theme of this scan."""
+        docs = self.themes.get(dir_name)
+        if docs is None:
+            known = ", ".join(sorted(self.themes)) or "none"
+            raise NotAThemeError(
+                f"'{dir_name}' is not a theme of {self.kb}: a theme is a first-level folder holding Markdown "
+                f"(themes here: {known})"
+            )
+        return docs
+
+    def theme_doc(self, dir_name: str, path: str) -> ScannedDoc:
+        """The document ``path`` (relative to the theme) of theme ``dir_name``, from the closed scan list."""
+        docs = self.theme_docs(dir_name)
+        doc = next((d for d in docs if d.path_in_theme == path), None)
+        if doc is None:
+            raise PathNotInThemeError(
+                f"'{path}' is not a scanned document of theme '{dir_name}': give a .md path relative to "
+                f"'{dir_name}/' as `kindex preview` lists it"
+            )
+        return doc
+
+    def read_text(self, doc: ScannedDoc) -> str:
+        """The document's meaningful text (frontmatter and HTML comments dropped), read afresh from disk."""
+        text, _ = _decode(self.kb / doc.rel)
+        _, body, _ = split_frontmatter(text)
+        return clean_body(body)
+
+
+def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHARS) -> Scan:
+    """Walk ``kb`` and return its documents; unusable files are listed in ``skipped`` with their reason."""
+    root = Path(kb)
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds your Markdown files")
+    root = root.resolve()
+    skipped: list[Skipped] = []
+    warnings: list[Skipped] = []
+    root_docs: list[ScannedDoc] = []
+    themes: dict[str, list[ScannedDoc]] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(root).as_posix()
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        kept_dirs = []
+        for name in sorted(dirnames):
+            if name.startswith("."):
+                continue
+            if not _utf8(name):
+                skipped.append(Skipped(_show(rel_dir + name), "folder name is not valid UTF-8"))
+            elif (here / name).is_symlink():
+                skipped.append(Skipped(rel_dir + name, "symlinked folder: not followed"))
+            else:
+                kept_dirs.append(name)
+        dirnames[:] = kept_dirs
+        for name in sorted(filenames):
+            if name.startswith(".") or not name.endswith(".md"):
+                continue
+            if not _utf8(name):
+                skipped.append(Skipped(_show(rel_dir + name), "file name is not valid UTF-8"))
+                continue
+            rel = rel_dir + name
+            doc = _scan_file(root, rel, excerpt_chars, skipped, warnings)
+            if doc is None:
+                continue
+            if doc.theme is None:
+                root_docs.append(doc)
+            else:
+                themes.setdefault(doc.theme, []).append(doc)
+    return Scan(
+        kb=root,
+        root_docs=tuple(sorted(root_docs, key=lambda d: d.rel)),
+        themes={k: tuple(sorted(v, key=lambda d: d.rel)) for k, v in sorted(themes.items())},
+        skipped=tuple(skipped),
+        warnings=tuple(warnings),
+        excerpt_chars=excerpt_chars,
+    )
+
+
+def _scan_file(
+    root: Path, rel: str, excerpt_chars: int, skipped: list[Skipped], warnings: list[Skipped]
+) -> ScannedDoc | None:
+    path = root / rel
+    if path.is_symlink():
+        target = Path(os.path.realpath(path))
+        if not target.is_relative_to(root):
+            skipped.append(Skipped(rel, "symlink points outside the knowledge folder: not followed"))
+            return None
+    if not path.is_file():
+        skipped.append(Skipped(rel, "not a regular file"))
+        return None
+    size = path.stat().st_size
+    if size > MAX_DOC_BYTES:
+        skipped.append(Skipped(rel, f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index"))
+        return None
+    try:
+        text, digest = _decode(path)
+    except ValueError as exc:
+        skipped.append(Skipped(rel, str(exc)))
+        return None
+    except OSError as exc:
+        skipped.append(Skipped(rel, f"cannot be read: {exc.strerror or exc}"))
+        return None
+    meta, body, problem = split_frontmatter(text)
+    if problem:
+        warnings.append(Skipped(rel, problem))
+    body = clean_body(body)
+    signals = signals_from(meta)
+    if not body.strip() and not signals.title and not signals.description:
+        skipped.append(Skipped(rel, "empty document: nothing to index"))
+        return None
+    theme = rel.split("/", 1)[0] if "/" in rel else None
+    return ScannedDoc(
+        rel=rel,
+        theme=theme,
+        excerpt=body.strip()[:excerpt_chars],
+        signals=signals,
+        headings=headings_of(body),
+        sha256=digest,
+        chars=len(body),
+    )
+
+
+def _decode(path: Path) -> tuple[str, str]:
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise ValueError("contains NUL bytes: not a text document")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
+    return text.removeprefix("\ufeff"), hashlib.sha256(data).hexdigest()
+
+
+def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
+    """Split YAML frontmatter from the body: ``(meta, body, problem)``; a broken block is dropped and reported."""
+    m = _FRONTMATTER.match(text)
+    if m is None:
+        return {}, text, None
+    body = text[m.end() :]
+    try:
+        meta = yaml.safe_load(m.group(1))
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 2}" if where is not None else ""
+        return {}, body, f"frontmatter is not valid YAML{line}: ignored, the body is indexed"
+    if meta is None:
+        return {}, body, None
+    if not isinstance(meta, dict):
+        return {}, body, "frontmatter is not a YAML mapping: ignored, the body is indexed"
+    return {str(k): v for k, v in meta.items()}, body, None
+
+
+def clean_body(body: str) -> str:
+    """The body without HTML comments (licence headers and the like) and long runs of blank lines."""
+    return _BLANK_RUNS.sub("\n\n", _HTML_COMMENT.sub("", body))
+
+
+def signals_from(meta: Mapping[str, Any]) -> Signals:
+    """Frontmatter fields kindex uses: title, description/summary, tags/keywords, paths/globs."""
+
+    def first(*names: str) -> Any:
+        return next((meta[n] for n in names if meta.get(n) not in (None, "", [])), None)
+
+    return Signals(
+        title=clean_text(first("title", "name"), 200),
+        description=clean_text(first("description", "summary"), 1000),
+        tags=clean_tags(first("tags", "keywords"), limit=32),
+        paths=clean_globs(first("paths", "globs")),
+    )
+
+
+def headings_of(body: str) -> tuple[str, ...]:
+    """Markdown ATX headings outside code fences, attribute suffixes removed."""
+    out: list[str] = []
+    in_fence = False
+    for line in body.splitlines():
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        m = _HEADING.match(line)
+        if m:
+            title = _HEADING_ATTR.sub("", m.group(2)).strip()
+            if title:
+                out.append(title)
+    return tuple(out)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _show(name: str) -> str:
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
