@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kindex import LLMSettings, Options
+from tests.fakellm import FakeLLM
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_KB = REPO / "sample_kb"
+CORPORA = REPO.parent / "shared" / "corpora"
+
+
+@pytest.fixture
+def sample_kb(tmp_path: Path) -> Path:
+    """A fresh copy of the sample KB (kindex writes into the folder it indexes)."""
+    dest = tmp_path / "kb"
+    shutil.copytree(SAMPLE_KB, dest, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    return dest
+
+
+@pytest.fixture
+def fake_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLM]:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    server = FakeLLM().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def llm_settings(server: FakeLLM, **overrides: object) -> LLMSettings:
+    base: dict[str, object] = {
+        "model": "openai/fake-model",
+        "api_base": server.url,
+        "timeout": 5.0,
+        "retries": 2,
+        "retry_base_delay": 0.01,
+    }
+    base.update(overrides)
+    return LLMSettings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def llm_options(fake_llm: FakeLLM) -> Options:
+    return Options(llm=llm_settings(fake_llm), concurrency=4)
+
+
+@pytest.fixture
+def fake_llm_settings_short_excerpt(fake_llm: FakeLLM) -> Options:
+    return Options(llm=llm_settings(fake_llm), excerpt_chars=150)

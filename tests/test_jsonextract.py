@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kindex import AnswerError, extract_object
+
+GOOD = {"title": "退款", "summary": "怎么退款", "tags": ["退款"]}
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ('{"title": "退款", "summary": "怎么退款", "tags": ["退款"]}', GOOD),
+        ('```json\n{"title": "退款", "summary": "怎么退款", "tags": ["退款"]}\n```', GOOD),
+        ('Sure! Here it is:\n{"title": "退款", "summary": "怎么退款", "tags": ["退款"]}\nHope this helps.', GOOD),
+        ('{"title": "a {b} c", "summary": "}{", "tags": []}', {"title": "a {b} c", "summary": "}{", "tags": []}),
+        ('{"title": "say \\"hi\\" {", "summary": "x", "tags": []}', {"title": 'say "hi" {', "summary": "x", "tags": []}),
+        ('{"title": "back\\\\", "summary": "}", "tags": []} tail', {"title": "back\\", "summary": "}", "tags": []}),
+        ('{"a": {"b": {"c": [1, {"d": 2}]}}}', {"a": {"b": {"c": [1, {"d": 2}]}}}),
+        ('{"first": 1} and then {"second": 2}', {"first": 1}),
+        ("note {not json} then {\"x\": 1}", {"x": 1}),
+        ('前言 {"标题": "中文"}', {"标题": "中文"}),
+    ],
+    ids=[
+        "clean", "fence", "prose-around", "braces-in-strings", "escaped-quotes", "escaped-backslash",
+        "nested", "two-objects", "brace-prose-first", "cjk",
+    ],
+)
+def test_the_first_balanced_object_is_recovered(answer: str, expected: dict[str, Any]) -> None:
+    assert extract_object(answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("", "empty"),
+        ("   \n ", "empty"),
+        ("I cannot help with that.", "holds no JSON object"),
+        ('[{"title": "x"}]', "JSON list, not an object"),
+        ('"just a string"', "JSON str, not an object"),
+        ('{"title": "x", "summary": "trunc', "not closed"),
+        ("{not: json}", "no valid JSON object"),
+    ],
+    ids=["empty", "blank", "no-object", "top-level-array", "string", "truncated", "invalid"],
+)
+def test_unusable_answers_say_why(answer: str, message: str) -> None:
+    with pytest.raises(AnswerError, match=message):
+        extract_object(answer)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**9), 10**9) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(
+    obj=st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+    before=st.text(max_size=40).filter(lambda s: "{" not in s),
+    after=st.text(max_size=40),
+    ascii_only=st.booleans(),
+)
+def test_any_object_embedded_in_text_is_recovered_exactly(
+    obj: dict[str, Any], before: str, after: str, ascii_only: bool
+) -> None:
+    text = before + json.dumps(obj, ensure_ascii=ascii_only) + after
+    assert extract_object(text) == obj

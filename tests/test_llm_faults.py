@@ -1,0 +1,111 @@
+"""Provider faults on the wire: retries, backoff, Retry-After, timeouts, and what counts as fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kindex
+from kindex import LiteLLMClient, ModelCallError, ModelError, Options
+from kindex.generators import DOC_SCHEMA
+from tests.conftest import llm_settings
+from tests.fakellm import FakeLLM, Reply, well_behaved
+
+MESSAGES = [{"role": "user", "content": "Document path: a.md\n"}]
+
+
+def flaky(fault: Reply, times: int) -> Any:
+    counter = itertools.count()
+
+    def script(request: dict[str, Any]) -> Reply:
+        return fault if next(counter) < times else Reply('{"title": "ok", "summary": "fine", "tags": []}')
+
+    return script
+
+
+def complete(server: FakeLLM, **overrides: Any) -> kindex.Completion:
+    client = LiteLLMClient(llm_settings(server, **overrides))
+    return asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Reply("slow down", status=429, headers={"Retry-After": "0"}),
+        Reply("slow down", status=429),
+        Reply("boom", status=500),
+        Reply("bad gateway", status=502),
+        Reply(drop=True),
+        Reply(no_choices=True),
+    ],
+    ids=["429-retry-after", "429", "500", "502", "dropped-connection", "empty-choices"],
+)
+def test_transient_faults_are_retried_then_answered(fake_llm: FakeLLM, fault: Reply) -> None:
+    fake_llm.script = flaky(fault, 2)
+
+    completion = complete(fake_llm, retries=2)
+
+    assert completion.text.startswith('{"title": "ok"')
+    assert completion.retries == 2
+    assert len(fake_llm.requests) == 3
+
+
+def test_retry_after_is_honoured(fake_llm: FakeLLM) -> None:
+    client = LiteLLMClient(llm_settings(fake_llm))
+    fake_llm.script = flaky(Reply("slow", status=429, headers={"Retry-After": "7"}), 1)
+    waits: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def run() -> None:
+        original = asyncio.sleep
+        asyncio.sleep = fake_sleep  # type: ignore[assignment]
+        try:
+            await client.complete(MESSAGES, json_schema=DOC_SCHEMA)
+        finally:
+            asyncio.sleep = original
+
+    asyncio.run(run())
+    assert waits == [7.0]
+
+
+def test_a_hang_past_the_timeout_is_retried_and_then_reported(fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply(hang=True)
+
+    with pytest.raises(ModelCallError, match=r"after 2 attempts"):
+        complete(fake_llm, timeout=0.5, retries=1)
+    assert len(fake_llm.requests) == 2
+
+
+def test_a_non_json_body_is_a_call_failure_not_a_crash(fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply(raw_body=b"<html>502 proxy error</html>")
+
+    with pytest.raises(ModelCallError):
+        complete(fake_llm, retries=1)
+
+
+def test_an_authentication_error_stops_the_run(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply("invalid api key", status=401)
+
+    with pytest.raises(ModelError, match="cannot be used"):
+        kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
+    assert len(fake_llm.requests) == 1
+
+
+def test_persistent_server_errors_fail_documents_but_not_the_run(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    def script(request: dict[str, Any]) -> Reply:
+        if "Document path: sync/" in str(request) or "Document path: 离线模式.md" in str(request):
+            return Reply("down", status=503)
+        return well_behaved(request)
+
+    fake_llm.script = script
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm, retries=1)))
+
+    assert [f.path for f in report.failures] == ["sync/离线模式.md"]
+    assert "after 2 attempts" in report.failures[0].reason
+    assert kindex.validate(sample_kb) == []

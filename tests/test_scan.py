@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import kindex
+from kindex import KBNotFoundError, NotAThemeError, PathNotInThemeError
+
+
+def write(path: Path, text: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+@pytest.fixture
+def kb(tmp_path: Path) -> Path:
+    root = tmp_path / "kb"
+    write(root / "导读.md", "# 导读\n\n欢迎。")
+    write(root / "billing" / "退款.md", "# 退款\n\n七天内可退。")
+    write(root / "billing" / "deep" / "er" / "发票.md", "# 发票\n")
+    write(root / "billing" / "notes.txt", "not markdown")
+    write(root / ".hidden" / "secret.md", "# hidden")
+    write(root / "billing" / ".draft.md", "# draft")
+    write(root / ".kindex" / "state.md", "# state")
+    write(root / "empty-theme" / "readme.txt", "no markdown here")
+    write(root / "index.json", "{}")
+    return root
+
+
+def test_grouping_recursion_and_dot_names(kb: Path) -> None:
+    s = kindex.scan(kb)
+
+    assert [d.rel for d in s.root_docs] == ["导读.md"]
+    assert list(s.themes) == ["billing"]  # a folder without Markdown is not a theme
+    assert [d.path_in_theme for d in s.themes["billing"]] == ["deep/er/发票.md", "退款.md"]
+    assert s.skipped == () and s.warnings == ()
+
+
+def test_excerpt_counts_code_points_after_dropping_html_comments(tmp_path: Path) -> None:
+    body = "<!--\n Licensed under the Apache License 2.0\n-->\n# 标题\n\n" + "汉" * 50 + "<!-- inline -->" + "字" * 50
+    write(tmp_path / "a.md", body)
+
+    doc = kindex.scan(tmp_path, excerpt_chars=100).root_docs[0]
+
+    assert "Licensed" not in doc.excerpt and "inline" not in doc.excerpt
+    assert doc.excerpt == "# 标题\n\n" + "汉" * 50 + "字" * 44  # 100 code points, not bytes
+
+
+def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
+    write(
+        tmp_path / "t" / "x.md",
+        "---\ntitle: 'Front: end'\ndescription: >\n  folded\n  text\nkeywords: [a, b, a]\nglobs: ['./src/**/*.tsx']\n"
+        "---\n# Heading { #anchor }\n\nBody.\n",
+    )
+    doc = kindex.scan(tmp_path).themes["t"][0]
+
+    assert doc.signals.title == "Front: end"
+    assert doc.signals.description == "folded text"
+    assert doc.signals.tags == ("a", "b")
+    assert doc.signals.paths == ("src/**/*.tsx",)
+    assert doc.headings == ("Heading",)
+    assert "title:" not in doc.excerpt
+
+
+def test_bad_files_are_skipped_or_warned_with_reasons(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.md"
+    write(outside, "# secret outside the KB")
+    kb = tmp_path / "kb"
+    write(kb / "ok.md", "# ok\n\ntext")
+    write(kb / "t" / "latin1.md", "caf\xe9".encode("latin-1"))
+    write(kb / "t" / "nul.md", b"# a\x00b")
+    write(kb / "t" / "empty.md", "  \n\n")
+    write(kb / "t" / "broken.md", "---\ntitle: [unclosed\n---\n# Still indexed\n\nBody.")
+    (kb / "t" / "link.md").symlink_to(outside)
+    (kb / "t" / "inside-link.md").symlink_to(kb / "ok.md")
+    (kb / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
+    write(kb / "t" / os.fsdecode(b"bad\xffname.md"), "# name")
+
+    s = kindex.scan(kb)
+
+    reasons = {x.path: x.reason for x in s.skipped}
+    assert reasons["t/latin1.md"] == "content is not valid UTF-8 (byte 3): save it as UTF-8"
+    assert reasons["t/nul.md"] == "contains NUL bytes: not a text document"
+    assert reasons["t/empty.md"] == "empty document: nothing to index"
+    assert reasons["t/link.md"] == "symlink points outside the knowledge folder: not followed"
+    assert reasons["linked-dir"] == "symlinked folder: not followed"
+    assert reasons["t/bad\ufffdname.md"] == "file name is not valid UTF-8"
+    assert [(w.path, w.reason) for w in s.warnings] == [
+        ("t/broken.md", "frontmatter is not valid YAML at line 3: ignored, the body is indexed")
+    ]
+    assert [d.path_in_theme for d in s.themes["t"]] == ["broken.md", "inside-link.md"]
+    assert all("secret outside" not in d.excerpt for d in s.documents)
+
+
+def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: Path) -> None:
+    with pytest.raises(KBNotFoundError, match="does not exist"):
+        kindex.scan(tmp_path / "nope")
+    write(tmp_path / "file.md", "x")
+    with pytest.raises(KBNotFoundError, match="is not a folder"):
+        kindex.scan(tmp_path / "file.md")
+    s = kindex.scan(kb)
+    with pytest.raises(NotAThemeError, match=r"'empty-theme' is not a theme .*\(themes here: billing\)"):
+        s.theme_docs("empty-theme")
+    with pytest.raises(PathNotInThemeError, match="'../导读.md' is not a scanned document of theme 'billing'"):
+        s.theme_doc("billing", "../导读.md")
+
+
+def test_preview_reports_the_spec_fields(kb: Path) -> None:
+    p = kindex.preview(kb).to_dict()
+
+    assert p["steps_total"] == 3
+    assert p["top_dirs"] == ["billing"]
+    assert p["top_dir_docs"] == {"billing": ["deep/er/发票.md", "退款.md"]}
+    assert p["llm_configured"] is False
+    assert p["skipped"] == []
+    assert p["estimated_tokens"]["calls"] == 3 and p["estimated_tokens"]["prompt"] > 100
