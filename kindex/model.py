@@ -119,13 +119,17 @@ class ThemeItem:
     index_file: str = ""
     paths: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # index_file is always normalised to <dir>/index.json (SPEC §3), whatever was given.
+        object.__setattr__(self, "index_file", f"{self.dir}/{INDEX_FILE}")
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "dir": self.dir,
             "title": self.title,
             "summary": self.summary,
             "tags": list(self.tags),
-            "index_file": self.index_file or f"{self.dir}/{INDEX_FILE}",
+            "index_file": self.index_file,
         }
         if self.paths:
             out["paths"] = list(self.paths)
@@ -182,7 +186,6 @@ def theme_item_from(obj: Mapping[str, Any], dir_name: str) -> ThemeItem:
         title=clean_text(obj.get("title"), TITLE_MAX),
         summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
         tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
-        index_file=f"{dir_name}/{INDEX_FILE}",
         paths=clean_globs(obj.get("paths")),
     )
 

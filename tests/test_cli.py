@@ -1,0 +1,122 @@
+"""The command line: exit codes, messages, stdout/stderr discipline, and what it must not import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from click.testing import CliRunner
+
+from kindex.cli import main
+from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), env=env)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_reindex_offline_then_validate(sample_kb: Path) -> None:
+    code, out, err = run("reindex", str(sample_kb), env={"KINDEX_MODEL": ""})
+
+    assert code == 0
+    assert out.startswith("reindex: 19/19 steps, 0 model calls, 0 cached, 0 retries, 0 failed, no tokens")
+    assert "wrote: index.json, account/index.json, billing/index.json" in out
+    assert "kindex: generator: extractive (offline, no model configured" in err
+    assert run("validate", str(sample_kb)) == (0, "index is valid\n", "")
+
+
+def test_reindex_json_output_is_machine_readable(sample_kb: Path) -> None:
+    code, out, _ = run("reindex", str(sample_kb), "--json")
+
+    assert code == 0
+    report = json.loads(out)
+    assert report["progress"] == {"completed": 19, "total": 19}
+    assert report["generator"] == "extractive" and report["failures"] == []
+
+
+def test_preview_human_and_json(sample_kb: Path) -> None:
+    code, out, _ = run("preview", str(sample_kb))
+    assert code == 0
+    assert "steps: 1 root + 18 documents = 19" in out and "  billing/  6 documents" in out
+
+    code, out, _ = run("preview", str(sample_kb), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["steps_total"] == 19
+    assert data["top_dirs"] == ["account", "billing", "developer", "sync"]
+    assert "企业采购/对公转账.md" in data["top_dir_docs"]["billing"]
+    assert data["llm_configured"] is False and data["skipped"] == []
+
+
+def test_validate_lists_problems_and_exits_1(sample_kb: Path) -> None:
+    assert run("reindex", str(sample_kb))[0] == 0
+    (sample_kb / "sync" / "新增.md").write_text("# 新增\n\n新文档。", encoding="utf-8")
+    data = orjson.loads((sample_kb / "index.json").read_bytes())
+    data["themes"] = [t for t in data["themes"] if t["dir"] != "account"]
+    (sample_kb / "index.json").write_bytes(orjson.dumps(data))
+    (sample_kb / "billing" / "index.json").write_text("{broken", encoding="utf-8")
+
+    code, out, err = run("validate", str(sample_kb))
+
+    assert code == 1
+    assert "index.json: theme 'account' has no entry" in out
+    assert "billing/index.json: not valid JSON" in out
+    assert "sync/index.json: scanned document '新增.md' has no entry" in out
+    assert err == "kindex: 3 problem(s) found\n"
+
+
+def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Path) -> None:
+    code, _, err = run("reindex", str(tmp_path / "missing"))
+    assert code == 1 and "knowledge folder" in err and "does not exist" in err
+
+    code, _, err = run("sub", str(sample_kb), "nope")
+    assert code == 1 and "'nope' is not a theme" in err
+
+    code, _, err = run("doc", str(sample_kb), "billing", "../导读.md")
+    assert code == 1 and "'../导读.md' is not a scanned document of theme 'billing'" in err
+
+    code, _, err = run("doc", str(sample_kb), "billing", "/etc/passwd")
+    assert code == 1 and "is not a scanned document" in err
+
+    code, _, err = run("reindex", str(sample_kb), "--concurrency", "0")
+    assert code == 2 and "Invalid value for '--concurrency'" in err
+
+    code, _, err = run("reindex", str(sample_kb), env={"KINDEX_TEMPERATURE": "hot"})
+    assert code == 2 and "KINDEX_TEMPERATURE='hot' is not a valid float" in err
+    assert not (sample_kb / "index.json").exists()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    def script(request: dict[str, object]) -> Reply:
+        if not is_root(request) and doc_path(request) == "离线模式.md":  # type: ignore[arg-type]
+            return Reply("garbage")
+        return well_behaved(request)  # type: ignore[arg-type]
+
+    fake_llm.script = script
+    env = {"KINDEX_MODEL": "openai/fake", "KINDEX_API_BASE": fake_llm.url, "KINDEX_RETRY_BASE_DELAY": "0"}
+    code, out, err = run("reindex", str(sample_kb), env=env)
+
+    assert code == 3
+    assert "failed: sync/离线模式.md: unusable answer after a repair request" in out
+    assert f"kindex: generator: model openai/fake at {fake_llm.url}" in err
+    assert "1 item(s) failed" in err
+    assert run("validate", str(sample_kb))[0] == 0
+
+
+def test_help_preview_and_validate_never_import_litellm(sample_kb: Path) -> None:
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from kindex.cli import main\n"
+        "for args in (['--help'], ['reindex', '--help'], ['preview', sys.argv[1]], ['validate', sys.argv[1]]):\n"
+        "    CliRunner().invoke(main, args)\n"
+        "print('litellm' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(sample_kb)], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"

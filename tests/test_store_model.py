@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kindex import DocItem, Index, ThemeItem, parse_index
+from kindex.model import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
+from kindex.sanitize import doc_entry
+from kindex.store import Cache, atomic_write
+
+
+def test_field_bounds_are_enforced_on_model_answers() -> None:
+    item = doc_item_from(
+        {
+            "title": "  多行\n标题\t\x07 " + "长" * 200,
+            "summary": "摘" * 2000,
+            "tags": ["退款", " 退款 ", "REFUND", "refund", "", 3, *[f"t{i}" for i in range(40)], "x" * 500],
+            "paths": ["./src/**/*.tsx", "../etc/passwd", "a\x00b", 7, "src/**/*.tsx"],
+            "path": "evil/../../x.md",
+        },
+        "given.md",
+    )
+    assert item.path == "given.md"
+    assert item.title.startswith("多行 标题 长") and len(item.title) == TITLE_MAX and item.title.endswith("…")
+    assert len(item.summary) == SUMMARY_MAX
+    assert item.tags[:3] == ("退款", "REFUND", "3") and len(item.tags) == TAGS_MAX
+    assert item.paths == ("src/**/*.tsx",)
+
+
+def test_doc_entry_requires_a_title_and_summary_and_author_globs_win() -> None:
+    with pytest.raises(Exception, match="no usable title or summary"):
+        doc_entry({"title": " ", "summary": None, "tags": []}, "a.md")
+    item = doc_entry({"title": "T", "summary": "S", "paths": ["**/*.py"]}, "a.md", ("**/*.tsx",))
+    assert item.paths == ("**/*.tsx",)
+
+
+def test_index_json_is_stable_and_readable() -> None:
+    index = Index(
+        themes=(ThemeItem("b", "乙", "s"), ThemeItem("a", "甲", "s", ("x",))),
+        documents=(DocItem("z.md", "Z", "s"), DocItem("a.md", "A", "s", (), ("**/*.tsx",))),
+    )
+    data = index.to_json()
+    assert data == Index(themes=index.themes[::-1], documents=index.documents[::-1]).to_json()
+    assert data.decode().index('"dir": "a"') < data.decode().index('"dir": "b"')
+    assert '"index_file": "a/index.json"' in data.decode() and "甲" in data.decode()
+    parsed, problems = parse_index(data)
+    assert problems == [] and parsed == index.sorted()
+
+
+def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "index.json"
+    atomic_write(target, b"old")
+    atomic_write(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["index.json"]
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write(target, b"half-written")
+    assert target.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["index.json"]
+
+
+def test_cache_survives_a_torn_last_line(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    cache.put("k1", {"title": "a"})
+    cache.put("k2", {"title": "b"})
+    with cache.path.open("ab") as fh:
+        fh.write(b'{"key": "k3", "value": {"tit')  # a run killed mid-write
+
+    again = Cache(tmp_path)
+    assert again.get("k1") == {"title": "a"} and again.get("k2") == {"title": "b"} and again.get("k3") is None
+    again.compact({"k2"})
+    assert Cache(tmp_path).get("k1") is None and Cache(tmp_path).get("k2") == {"title": "b"}

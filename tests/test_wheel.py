@@ -1,0 +1,44 @@
+"""The prompts ship inside the wheel and load from an installed, non-editable copy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PROBE = """
+import sys, kindex
+from kindex import templating
+from kindex.generators import doc_messages, root_messages
+assert kindex.__file__.startswith(sys.argv[1]), kindex.__file__
+names = templating.template_names()
+assert names == ["doc_system.j2", "doc_user.j2", "repair.j2", "root_system.j2", "root_user.j2"], names
+s = kindex.scan(sys.argv[2])
+for m in root_messages(s) + doc_messages(s.themes["billing"][0]):
+    assert m["content"], m
+print(templating.render("repair.j2", error="E", shape="S"))
+"""
+
+
+def test_every_template_renders_from_an_installed_wheel(tmp_path: Path, sample_kb: Path) -> None:
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)], check=True, cwd=tmp_path
+    )
+    (wheel,) = wheels.glob("kindex-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, cwd=tmp_path)
+
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(site), str(sample_kb)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Your previous answer could not be used: E.")
