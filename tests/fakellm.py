@@ -100,13 +100,17 @@ class FakeLLM:
                 if reply.raw_body is not None:
                     payload = reply.raw_body
                 else:
-                    choices = [] if reply.no_choices else [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": reply.content},
-                            "finish_reason": "stop",
-                        }
-                    ]
+                    choices = (
+                        []
+                        if reply.no_choices
+                        else [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": reply.content},
+                                "finish_reason": "stop",
+                            }
+                        ]
+                    )
                     data: dict[str, Any] = {
                         "id": f"chatcmpl-{len(fake.requests)}",
                         "object": "chat.completion",
