@@ -2,6 +2,7 @@
 
 Generation (``reindex``, ``root``, ``sub``, ``doc``, ``preview``, ``validate``) writes and checks
 ``index.json`` files; all of it works offline with the extractive generator, or with any litellm model.
+Retrieval (``build_context``) picks the documents a chat message is about and returns their original text.
 """
 
 from kindex.errors import (
@@ -21,6 +22,7 @@ from kindex.generators import ExtractiveGenerator, Generator, LLMGenerator
 from kindex.jsonextract import extract_object
 from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings
 from kindex.model import DocItem, Index, ThemeItem, parse_index
+from kindex.retrieve import Context, ContextItem, build_context
 from kindex.scan import Scan, ScannedDoc, scan
 from kindex.validate import validate
 
@@ -30,6 +32,8 @@ __all__ = [
     "AnswerError",
     "BusyError",
     "Completion",
+    "Context",
+    "ContextItem",
     "DocItem",
     "ExtractiveGenerator",
     "Failure",
@@ -55,6 +59,7 @@ __all__ = [
     "ThemeItem",
     "UsageError",
     "__version__",
+    "build_context",
     "doc",
     "extract_object",
     "parse_index",

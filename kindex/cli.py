@@ -17,6 +17,7 @@ import orjson
 from kindex import generate
 from kindex.errors import KindexError, UsageError
 from kindex.llm import RESPONSE_FORMATS, LLMSettings
+from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, build_context
 from kindex.scan import DEFAULT_EXCERPT_CHARS
 from kindex.validate import validate as validate_kb
 
@@ -271,3 +272,44 @@ def validate(kb: str, as_json: bool) -> None:
     if problems:
         click.echo(f"kindex: {len(problems)} problem(s) found", err=True)
         sys.exit(1)
+
+
+@main.command()
+@_kb_arg
+@click.argument("message")
+@click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
+@click.option(
+    "--budget",
+    type=click.IntRange(min=50),
+    default=DEFAULT_BUDGET_TOKENS,
+    show_default=True,
+    help="Token budget of the assembled text.",
+)
+@click.option(
+    "--max-docs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_DOCS,
+    show_default=True,
+    help="At most this many documents.",
+)
+@_json_opt
+def context(kb: str, message: str, paths: tuple[str, ...], budget: int, max_docs: int, as_json: bool) -> None:
+    """Print the context for MESSAGE: the chosen documents' original text, within the budget.
+
+    \b
+    Example:
+      kindex context sample_kb "退款多久到账"
+      kindex context sample_kb "改一下金额组件" --path web/src/Money.tsx --json
+    """
+    ctx = build_context(kb, message, paths=paths, budget_tokens=budget, max_docs=max_docs)
+    if as_json:
+        click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        for item in ctx.items:
+            flag = ", truncated" if item.truncated else ""
+            click.echo(f"# {item.path}  score {item.score:.2f}  ({item.reason}{flag})", err=True)
+        if ctx.fallback:
+            click.echo(f"kindex: {ctx.reason}", err=True)
+        click.echo(ctx.text)
+    for path in ctx.missing:
+        click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)

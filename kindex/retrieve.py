@@ -1,0 +1,455 @@
+"""BuildContext (SPEC §6): pick the documents a chat message is about and hand over their original text.
+
+The index files are loaded once per process and kept, with their scoring tables, until a file changes on disk
+(checked with one ``stat`` per index file per call), so a chat backend pays for parsing only after a reindex.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kindex.errors import IndexMissingError, KBNotFoundError, UsageError
+from kindex.globs import any_match, normalize_path, paths_in_text
+from kindex.model import INDEX_FILE, DocItem, parse_index
+from kindex.scan import clean_body, split_frontmatter
+from kindex.tokenize import estimate_tokens, is_weak, normalize, terms
+
+DEFAULT_BUDGET_TOKENS = 6000
+DEFAULT_MAX_DOCS = 4
+DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
+
+# Field weights: a word in a title or tag says more about a document than the same word in its summary.
+_FIELD_WEIGHTS = (("title", 3.0), ("tags", 2.5), ("path", 1.5), ("summary", 1.0))
+_K1, _B = 1.2, 0.5
+_WEAK_WEIGHT = 0.15
+_THEME_PRIOR = 0.3
+# Below this share of the question's strong evidence, a "match" is coincidence (one stray pair of characters).
+MIN_COVERAGE = 0.2
+MIN_STRONG_MATCHES = 1
+_TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
+
+# Pairs and words that occur in questions about anything: they must not make a match.
+_STOP_PAIRS = frozenset(
+    "如何 怎么 怎样 什么 为什么 为何 哪里 哪些 哪个 可以 能否 是否 是不是 能不能 一下 一个 这个 那个 "
+    "我们 你们 他们 自己 没有 不是 就是 还是 或者 以及 因为 所以 但是 如果 的话 时候 现在 已经 "
+    "需要 应该 请问 谢谢 你好 知道 告诉 问题 有没 没有 要怎 怎么 么办 么样 是什 一些 这些 那些 "
+    "还有 有什 的是 了吗 的吗 吗？ 呢？ 我想 我要 想要 帮我 给我 多少 一直 为啥 咋办 一样 不能 "
+    "不了 不会 会不 可不 以吗 用了 了一".split()
+)
+# Particles and pronouns glue words together: a pair holding one ("的账", "我的") is not a word.
+_STOP_CHARS = frozenset("的了吗呢吧啊呀嘛我你")
+_STOP_WORDS = frozenset(
+    "a an the is are was were be been do does did how what why when where which who whom can could "
+    "should would i me my we our you your it its of to in on for with at by from and or not no this that "
+    "these those there here please thanks thank hi hello if then than so as into about any some get use "
+    "using".split()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextItem:
+    """One chosen document (or theme) and why it was chosen."""
+
+    path: str
+    level: str
+    score: float
+    title: str
+    abstract: str
+    reason: str
+    matched: tuple[str, ...] = ()
+    truncated: bool = False
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "level": self.level,
+            "score": round(self.score, 4),
+            "title": self.title,
+            "abstract": self.abstract,
+            "reason": self.reason,
+            "matched": list(self.matched),
+            "truncated": self.truncated,
+            "tokens": self.tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What BuildContext hands the agent: the prompt text and the items it was assembled from."""
+
+    text: str
+    items: tuple[ContextItem, ...]
+    fallback: bool
+    reason: str
+    missing: tuple[str, ...] = ()
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS
+
+    @property
+    def tokens(self) -> int:
+        return estimate_tokens(self.text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "items": [i.to_dict() for i in self.items],
+            "fallback": self.fallback,
+            "reason": self.reason,
+            "missing": list(self.missing),
+            "tokens": self.tokens,
+            "budget_tokens": self.budget_tokens,
+        }
+
+
+# -- the loaded index ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Entry:
+    path: str  # KB-relative
+    level: str
+    item: DocItem
+    theme: str | None
+    globs: tuple[str, ...]
+    blob: str  # normalised text of every field, for weak single-character evidence
+    norm: float = 1.0
+
+
+@dataclass(slots=True)
+class _Table:
+    """Scoring tables of one level (documents, or themes): postings of strong terms with BM25F weights."""
+
+    entries: list[_Entry] = field(default_factory=list)
+    postings: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    idf: dict[str, float] = field(default_factory=dict)
+
+    def add(self, entry: _Entry, fields: Sequence[tuple[str, float]]) -> None:
+        idx = len(self.entries)
+        self.entries.append(entry)
+        weighted: dict[str, float] = {}
+        length = 0.0
+        for text, weight in fields:
+            for t in terms(text):
+                if is_weak(t):
+                    continue
+                weighted[t] = weighted.get(t, 0.0) + weight
+                length += weight
+        entry.norm = length
+        for t, w in weighted.items():
+            self.postings.setdefault(t, []).append((idx, w))
+
+    def finish(self) -> None:
+        n = len(self.entries)
+        avg = sum(e.norm for e in self.entries) / n if n else 1.0
+        for e in self.entries:
+            e.norm = 1 - _B + _B * (e.norm / avg if avg else 1.0)
+        self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
+
+    def score(self, strong: dict[str, float]) -> dict[int, tuple[float, list[str]]]:
+        out: dict[int, tuple[float, list[str]]] = {}
+        for t, qw in strong.items():
+            posting = self.postings.get(t)
+            if not posting:
+                continue
+            idf = self.idf[t] * qw
+            for idx, w in posting:
+                gain = idf * w * (_K1 + 1) / (w + _K1 * self.entries[idx].norm)
+                prev = out.get(idx)
+                if prev is None:
+                    out[idx] = (gain, [t])
+                else:
+                    prev[1].append(t)
+                    out[idx] = (prev[0] + gain, prev[1])
+        return out
+
+
+def _fields(item: DocItem | Any, path: str) -> list[tuple[str, float]]:
+    values = {
+        "title": item.title,
+        "tags": " ".join(item.tags),
+        "path": re.sub(r"[/_.\-]+", " ", path.removesuffix(".md")),
+        "summary": item.summary,
+    }
+    return [(values[name], w) for name, w in _FIELD_WEIGHTS]
+
+
+@dataclass(slots=True)
+class _Loaded:
+    signature: tuple[Any, ...]
+    docs: _Table
+    themes: _Table
+    theme_of: dict[str, int]
+    conditional: list[int]
+    problems: list[str]
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _load(kb: Path) -> _Loaded:
+    root_path = kb / INDEX_FILE
+    try:
+        root, problems = parse_index(root_path.read_bytes())
+    except FileNotFoundError:
+        raise IndexMissingError(f"{kb} has no index yet: run `kindex reindex {kb}` first") from None
+    except ValueError as exc:
+        raise IndexMissingError(f"{root_path} is unreadable ({exc}): run `kindex reindex {kb}`") from None
+    signature: list[Any] = [_stat(root_path)]
+    docs, themes = _Table(), _Table()
+    theme_of: dict[str, int] = {}
+    for d in root.documents:
+        if "/" not in d.path:
+            docs.add(_Entry(d.path, "document", d, None, d.paths, _blob(d, d.path)), _fields(d, d.path))
+    for t in root.themes:
+        if "/" in t.dir or t.dir.startswith("."):
+            problems.append(f"theme {t.dir!r} is not a first-level folder: ignored")
+            continue
+        theme_doc = DocItem(t.dir, t.title, t.summary, t.tags, t.paths)
+        theme_of[t.dir] = len(themes.entries)
+        themes.add(
+            _Entry(t.dir, "theme", theme_doc, t.dir, t.paths, _blob(theme_doc, t.dir)), _fields(theme_doc, t.dir)
+        )
+        sub_path = kb / t.dir / INDEX_FILE
+        signature.append(_stat(sub_path))
+        try:
+            sub, sub_problems = parse_index(sub_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
+            continue
+        problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
+        for d in sub.documents:
+            rel = f"{t.dir}/{d.path}"
+            docs.add(_Entry(rel, "document", d, t.dir, d.paths, _blob(d, rel)), _fields(d, rel))
+    docs.finish()
+    themes.finish()
+    conditional = [i for i, e in enumerate(docs.entries) if e.globs]
+    return _Loaded(tuple(signature), docs, themes, theme_of, conditional, problems)
+
+
+def _blob(item: DocItem, path: str) -> str:
+    return normalize(" ".join((item.title, " ".join(item.tags), path, item.summary)))
+
+
+class _IndexCache:
+    """Loaded indexes per KB, reloaded only when an index file's (mtime, size, inode) changed."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[Path, _Loaded] = {}
+        self._lock = threading.Lock()
+
+    def get(self, kb: Path) -> _Loaded:
+        current = self._loaded.get(kb)
+        if current is not None and self._signature(kb, current) == current.signature:
+            return current
+        with self._lock:
+            loaded = _load(kb)
+            self._loaded[kb] = loaded
+            return loaded
+
+    @staticmethod
+    def _signature(kb: Path, loaded: _Loaded) -> tuple[Any, ...]:
+        parts: list[Any] = [_stat(kb / INDEX_FILE)]
+        parts.extend(_stat(kb / t.path / INDEX_FILE) for t in loaded.themes.entries)
+        return tuple(parts)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._loaded.clear()
+
+
+_CACHE = _IndexCache()
+
+
+# -- the query ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    strong: dict[str, float]
+    weak: tuple[str, ...]
+
+
+def _query(message: str) -> _Query:
+    strong: dict[str, float] = {}
+    weak: list[str] = []
+    for t in terms(message):
+        if is_weak(t):
+            if t not in weak:
+                weak.append(t)
+        elif t in _STOP_PAIRS or t in _STOP_WORDS or (len(t) == 2 and not _STOP_CHARS.isdisjoint(t)):
+            continue
+        else:
+            weight = 0.5 if t.isdigit() else 1.0
+            strong[t] = max(strong.get(t, 0.0), weight)
+    return _Query(strong, tuple(weak))
+
+
+@dataclass(slots=True)
+class _Hit:
+    entry: _Entry
+    score: float
+    matched: list[str]
+    reason: str
+
+
+def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
+    theme_scores = loaded.themes.score(q.strong)
+    doc_scores = loaded.docs.score(q.strong)
+    total = sum(loaded.docs.idf.get(t, 0.0) * w for t, w in q.strong.items())
+    hits: list[_Hit] = []
+    for idx, (score, matched) in doc_scores.items():
+        entry = loaded.docs.entries[idx]
+        if entry.globs:
+            continue  # conditional entries enter only through their globs (below)
+        covered = sum(loaded.docs.idf[t] * q.strong[t] for t in matched)
+        if total <= 0 or covered / total < MIN_COVERAGE or len(matched) < MIN_STRONG_MATCHES:
+            continue
+        weak_gain = sum(_WEAK_WEIGHT for ch in q.weak if ch in entry.blob)
+        prior = 0.0
+        if entry.theme is not None and entry.theme in loaded.theme_of:
+            prior = _THEME_PRIOR * theme_scores.get(loaded.theme_of[entry.theme], (0.0, []))[0]
+        hits.append(_Hit(entry, score + weak_gain + prior, sorted(matched), "matched"))
+    if scope:
+        for idx in loaded.conditional:
+            entry = loaded.docs.entries[idx]
+            glob = any_match(entry.globs, scope)
+            if glob is not None:
+                score, matched = doc_scores.get(idx, (0.0, []))
+                hits.append(_Hit(entry, score, sorted(matched), f"scope glob {glob}"))
+    # Rules for the files the user is working on come first: the message is about those files.
+    hits.sort(key=lambda h: (h.reason == "matched", -h.score, h.entry.path))
+    return hits
+
+
+# -- assembling the text ------------------------------------------------------------------------------------------
+
+
+def _read_original(kb: Path, rel: str) -> str | None:
+    """The document's text (frontmatter and HTML comments dropped), or ``None`` when it cannot be served."""
+    path = kb / rel
+    try:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(kb) or not rel.endswith(".md") or ".." in rel.split("/"):
+            return None
+        text = real.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    _, body, _ = split_frontmatter(text.removeprefix("\ufeff"))
+    return clean_body(body).strip()
+
+
+def cut_to_budget(text: str, budget_tokens: int) -> str | None:
+    """The longest prefix of ``text`` that ends at a heading or paragraph boundary and fits ``budget_tokens``.
+
+    ``None`` when not even the first paragraph fits. Cuts fall between whole paragraphs, never inside a character.
+    """
+    if estimate_tokens(text) <= budget_tokens:
+        return text
+    best: str | None = None
+    for m in re.finditer(r"\n\s*\n|\n(?=#{1,6} )", text):
+        prefix = text[: m.start()].rstrip()
+        if estimate_tokens(prefix) > budget_tokens:
+            break
+        best = prefix
+    return best or None
+
+
+def build_context(
+    kb: str | os.PathLike[str],
+    message: str,
+    *,
+    paths: Sequence[str] = (),
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+    max_docs: int = DEFAULT_MAX_DOCS,
+    fallback_docs: Sequence[str] = DEFAULT_FALLBACK_DOCS,
+) -> Context:
+    """Choose the documents ``message`` is about and return their original text within ``budget_tokens``.
+
+    ``paths`` are attachment paths (the files the user is working on); paths written in the message count too.
+    Entries with ``paths`` globs enter only when one of those paths matches. When nothing relevant matches, the
+    designated overview documents (``fallback_docs``) are returned instead, and the result says so.
+    """
+    if budget_tokens < 50:
+        raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
+    if max_docs < 1:
+        raise UsageError(f"max_docs must be at least 1, got {max_docs}")
+    root = Path(kb)
+    if not root.is_dir():
+        raise KBNotFoundError(f"knowledge folder '{kb}' does not exist: pass the folder that holds index.json")
+    root = root.resolve()
+    loaded = _CACHE.get(root)
+    scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
+    hits = _rank(loaded, _query(message), scope)
+    fallback = not any(h.reason == "matched" for h in hits)
+    reason = "matched the question" if not fallback else "no document matched the question: overview documents"
+    if fallback:
+        hits = [h for h in hits if h.reason != "matched"]
+        known = {e.path: e for e in loaded.docs.entries}
+        for name in fallback_docs:
+            entry = known.get(name)
+            if entry is None and (root / name).is_file():
+                item = DocItem(name, Path(name).stem, "")
+                entry = _Entry(name, "document", item, None, (), "")
+            if entry is not None and all(h.entry.path != name for h in hits):
+                hits.append(_Hit(entry, 0.0, [], "fallback"))
+    return _assemble(root, hits[:max_docs], fallback, reason, budget_tokens)
+
+
+def _assemble(root: Path, hits: list[_Hit], fallback: bool, reason: str, budget: int) -> Context:
+    parts: list[str] = []
+    items: list[ContextItem] = []
+    missing: list[str] = []
+    used = 0
+    for hit in hits:
+        text = _read_original(root, hit.entry.path)
+        if text is None:
+            missing.append(hit.entry.path)
+            continue
+        header = f"## {hit.entry.item.title or hit.entry.path}\n(source: {hit.entry.path})\n\n"
+        room = budget - used - estimate_tokens(header)
+        if room <= 0:
+            break
+        truncated = False
+        body = cut_to_budget(text, room)
+        if body is None or body != text:
+            mark = _TRUNCATION_MARK.format(path=hit.entry.path)
+            body = cut_to_budget(text, room - estimate_tokens(mark))
+            if body is None:
+                continue
+            body += mark
+            truncated = True
+        chunk = header + body
+        used += estimate_tokens(chunk) + 1
+        parts.append(chunk)
+        e = hit.entry
+        items.append(
+            ContextItem(
+                e.path,
+                e.level,
+                hit.score,
+                e.item.title,
+                e.item.summary,
+                hit.reason,
+                tuple(hit.matched),
+                truncated,
+                estimate_tokens(chunk),
+            )
+        )
+    return Context("\n\n".join(parts), tuple(items), fallback, reason, tuple(missing), budget)
+
+
+def clear_cache() -> None:
+    """Forget every loaded index (the next call reloads from disk)."""
+    _CACHE.clear()
