@@ -1,0 +1,192 @@
+"""BuildContext: matching, fallback, globs, budget, caching and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kindex
+from kindex import DocItem, Index, IndexMissingError, ThemeItem
+from kindex.cli import main
+from kindex.retrieve import cut_to_budget
+from kindex.store import write_index
+from kindex.tokenize import estimate_tokens
+
+
+@pytest.fixture
+def indexed(sample_kb: Path) -> Path:
+    kindex.reindex(sample_kb)
+    return sample_kb
+
+
+def make_kb(root: Path, docs: dict[str, tuple[DocItem, str]], themes: tuple[ThemeItem, ...] = ()) -> Path:
+    """A KB whose index is written by hand: {relative path: (entry, file text)}."""
+    root_docs, by_theme = [], {}
+    for rel, (item, text) in docs.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+        if "/" in rel:
+            by_theme.setdefault(rel.split("/", 1)[0], []).append(item)
+        else:
+            root_docs.append(item)
+    all_themes = themes or tuple(ThemeItem(name, name, "") for name in by_theme)
+    write_index(root / "index.json", Index(themes=all_themes, documents=tuple(root_docs)))
+    for name, items in by_theme.items():
+        write_index(root / name / "index.json", Index(documents=tuple(items)))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("退款一般多久能到账", "billing/退款政策.md"),
+        ("手机上记的账电脑上怎么看不到", "sync/多设备同步.md"),
+        ("两台设备同时改了一条记录数据被覆盖了", "sync/同步冲突处理.md"),
+        ("接口签名老是失败怎么办", "developer/API快速入门.md"),
+        ("开了两步验证手机丢了登不上", "account/双重验证.md"),
+        ("how many requests per second can my app send", "developer/rate-limits.md"),
+    ],
+)
+def test_a_question_without_spaces_finds_its_document(indexed: Path, question: str, expected: str) -> None:
+    ctx = kindex.build_context(indexed, question)
+
+    assert not ctx.fallback
+    assert ctx.items[0].path == expected and ctx.items[0].level == "document"
+    assert ctx.items[0].reason == "matched" and ctx.items[0].matched
+    assert f"(source: {expected})" in ctx.text
+
+
+def test_single_characters_and_function_pairs_do_not_select_an_entry(tmp_path: Path) -> None:
+    kb = make_kb(
+        tmp_path,
+        {
+            "导读.md": (DocItem("导读.md", "导读", "入门"), "# 导读\n欢迎"),
+            "t/x.md": (DocItem("x.md", "的是如何", "的是如何处理", ("如何",)), "# x"),
+        },
+    )
+    ctx = kindex.build_context(kb, "今天是星期几，如何是好的")
+
+    assert ctx.fallback and [i.path for i in ctx.items] == ["导读.md"]
+
+
+def test_off_topic_messages_get_the_overview_documents_with_the_reason(indexed: Path) -> None:
+    for message in ("今天北京天气怎么样", "给我写一首关于春天的诗", "你好", "", "   \n"):
+        ctx = kindex.build_context(indexed, message)
+        assert ctx.fallback, message
+        assert [i.path for i in ctx.items] == ["导读.md", "00-总则与功能导航.md"]
+        assert all(i.reason == "fallback" for i in ctx.items)
+        assert "overview" in ctx.reason
+
+
+def test_glob_entries_enter_only_with_a_matching_path(indexed: Path) -> None:
+    rule = "developer/前端组件编码规范.md"
+    question = "组件里的金额怎么显示"
+    assert rule not in [i.path for i in kindex.build_context(indexed, question).items]
+    assert rule not in [i.path for i in kindex.build_context(indexed, question, paths=["server/main.py"]).items]
+
+    for ctx in (
+        kindex.build_context(indexed, question, paths=["web\\src\\Money.tsx"]),
+        kindex.build_context(indexed, "请检查 ./web/src/App.tsx 的写法"),
+        kindex.build_context(indexed, "看看 App.tsx"),
+    ):
+        assert ctx.items[0].path == rule
+        assert ctx.items[0].reason == "scope glob **/*.tsx"
+
+
+def test_budget_is_respected_and_the_cut_is_marked_at_a_boundary(indexed: Path) -> None:
+    ctx = kindex.build_context(indexed, "退款政策的全部规定", budget_tokens=400, max_docs=3)
+
+    assert ctx.tokens <= 400
+    first = ctx.items[0]
+    assert first.path == "billing/退款政策.md" and first.truncated
+    assert "[… truncated to fit the context budget; open billing/退款政策.md for the rest]" in ctx.text
+    original = (indexed / "billing" / "退款政策.md").read_text(encoding="utf-8")
+    kept = ctx.text.split("(source: billing/退款政策.md)\n\n", 1)[1].split("\n\n[… truncated")[0]
+    assert original.startswith(kept)  # a prefix of the original, so no character was broken
+    assert original[len(kept)] == "\n"  # and it ends where a paragraph ends
+
+
+def test_cut_to_budget_prefers_paragraph_and_heading_boundaries() -> None:
+    text = "# A\n\n" + "一" * 30 + "\n\n## B\n" + "二" * 30 + "\n\n" + "三" * 30
+    assert cut_to_budget(text, 1000) == text
+    assert cut_to_budget(text, 40) == "# A\n\n" + "一" * 30
+    assert cut_to_budget(text, 5) == "# A"
+    assert cut_to_budget(text, 0) is None
+    assert estimate_tokens(cut_to_budget(text, 70) or "") <= 70
+
+
+def test_identical_scores_are_ordered_by_path(tmp_path: Path) -> None:
+    entry = ("退款 说明", "退款")
+    kb = make_kb(
+        tmp_path,
+        {f"t/{name}.md": (DocItem(f"{name}.md", *entry), f"# {name}\n退款") for name in ("c", "a", "b")},
+    )
+    ctx = kindex.build_context(kb, "退款")
+    assert [i.path for i in ctx.items] == ["t/a.md", "t/b.md", "t/c.md"]
+    assert len({i.score for i in ctx.items}) == 1
+
+
+def test_a_vanished_file_is_skipped_and_reported(indexed: Path) -> None:
+    (indexed / "billing" / "退款政策.md").unlink()
+
+    ctx = kindex.build_context(indexed, "退款多久到账")
+
+    assert "billing/退款政策.md" in ctx.missing
+    assert all(i.path != "billing/退款政策.md" for i in ctx.items)
+
+
+def test_paths_outside_the_kb_in_a_hand_edited_index_are_never_served(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.md"
+    secret.write_text("# 退款 secret", encoding="utf-8")
+    kb = make_kb(tmp_path / "kb", {"t/a.md": (DocItem("a.md", "退款", "退款"), "# a")})
+    write_index(kb / "t" / "index.json", Index(documents=(DocItem("../../secret.md", "退款", "退款"),)))
+
+    ctx = kindex.build_context(kb, "退款")
+    assert "secret" not in ctx.text and ctx.missing == ("t/../../secret.md",)
+
+
+def test_a_rewritten_index_is_seen_by_the_next_call_in_the_same_process(tmp_path: Path) -> None:
+    kb = make_kb(
+        tmp_path,
+        {"t/a.md": (DocItem("a.md", "退款", "退款"), "# a"), "t/b.md": (DocItem("b.md", "发票", "发票"), "# b")},
+    )
+    assert kindex.build_context(kb, "退款").items[0].path == "t/a.md"
+    assert kindex.build_context(kb, "对公转账").fallback
+
+    write_index(kb / "t" / "index.json", Index(documents=(DocItem("b.md", "对公转账", "对公转账说明"),)))
+
+    assert kindex.build_context(kb, "对公转账").items[0].path == "t/b.md"
+
+
+def test_a_kb_without_an_index_names_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# a", encoding="utf-8")
+    with pytest.raises(IndexMissingError, match=r"run `kindex reindex .*` first"):
+        kindex.build_context(tmp_path, "hello")
+
+    result = CliRunner().invoke(main, ["context", str(tmp_path), "hello"])
+    assert result.exit_code == 1 and "has no index yet" in result.stderr
+
+
+def test_context_cli_prints_text_and_json(indexed: Path) -> None:
+    result = CliRunner().invoke(main, ["context", str(indexed), "发票开错了怎么办", "--json"])
+    assert result.exit_code == 0
+    data = kindex.Context  # the JSON carries the same fields as the dataclass
+    assert data is not None and '"path": "billing/发票开具.md"' in result.stdout
+
+    result = CliRunner().invoke(main, ["context", str(indexed), "发票开错了怎么办", "--budget", "200"])
+    assert result.exit_code == 0 and result.stdout.startswith("## 发票开具\n(source: billing/发票开具.md)")
+    assert "# billing/发票开具.md  score" in result.stderr
+
+
+def test_context_never_imports_litellm(indexed: Path) -> None:
+    probe = (
+        "import sys\nfrom click.testing import CliRunner\nfrom kindex.cli import main\n"
+        "r = CliRunner().invoke(main, ['context', sys.argv[1], '退款'])\nassert r.exit_code == 0, r.output\n"
+        "print('litellm' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(indexed)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
