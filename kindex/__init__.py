@@ -22,7 +22,7 @@ from kindex.generators import ExtractiveGenerator, Generator, LLMGenerator
 from kindex.jsonextract import extract_object
 from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings
 from kindex.model import DocItem, Index, ThemeItem, parse_index
-from kindex.retrieve import Context, ContextItem, build_context
+from kindex.retrieve import Context, ContextItem, build_context, search
 from kindex.scan import Scan, ScannedDoc, scan
 from kindex.validate import validate
 
@@ -67,6 +67,7 @@ __all__ = [
     "reindex",
     "root",
     "scan",
+    "search",
     "sub",
     "validate",
 ]

@@ -366,6 +366,30 @@ def cut_to_budget(text: str, budget_tokens: int) -> str | None:
     return best or None
 
 
+def search(
+    kb: str | os.PathLike[str], message: str, *, paths: Sequence[str] = (), limit: int = 10
+) -> list[ContextItem]:
+    """The ranked documents for ``message`` (best first, at most ``limit``) without reading their text.
+
+    Empty when nothing relevant matched (where :func:`build_context` would fall back).
+    """
+    loaded = _CACHE.get(_kb_root(kb))
+    scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
+    return [
+        ContextItem(
+            h.entry.path, h.entry.level, h.score, h.entry.item.title, h.entry.item.summary, h.reason, tuple(h.matched)
+        )
+        for h in _rank(loaded, _query(message), scope)[:limit]
+    ]
+
+
+def _kb_root(kb: str | os.PathLike[str]) -> Path:
+    root = Path(kb)
+    if not root.is_dir():
+        raise KBNotFoundError(f"knowledge folder '{kb}' does not exist: pass the folder that holds index.json")
+    return root.resolve()
+
+
 def build_context(
     kb: str | os.PathLike[str],
     message: str,
@@ -385,10 +409,7 @@ def build_context(
         raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
     if max_docs < 1:
         raise UsageError(f"max_docs must be at least 1, got {max_docs}")
-    root = Path(kb)
-    if not root.is_dir():
-        raise KBNotFoundError(f"knowledge folder '{kb}' does not exist: pass the folder that holds index.json")
-    root = root.resolve()
+    root = _kb_root(kb)
     loaded = _CACHE.get(root)
     scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
     hits = _rank(loaded, _query(message), scope)
