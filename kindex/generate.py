@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kindex import extractive
+from kindex import extractive, retrieve
 from kindex.errors import AnswerError, UsageError
 from kindex.generators import (
     Answer,
@@ -212,6 +212,7 @@ def _run(
     with write_lock(s.kb, step, wait=opts.wait):
         runner = _Runner(s, generator, opts, step)
         asyncio.run(body(runner))
+        runner.save_retrieval_tables(with_bodies=step in ("reindex", "sub"))
     runner.report.wall_seconds = time.monotonic() - started
     return runner.report
 
@@ -323,6 +324,20 @@ class _Runner:
         scanned = {x.path_in_theme for x in self.scan.theme_docs(dir_name)}
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))
+
+    def save_retrieval_tables(self, *, with_bodies: bool) -> None:
+        """Precompute what BuildContext needs, so that the first question after a reindex is answered fast."""
+        kb = self.scan.kb
+        if not root_index_path(kb).exists():
+            return
+        retrieve.save_tables(kb)
+        if not with_bodies:
+            return
+        docs = self.scan.documents
+        meta = retrieve.body_table_meta(kb) or {}
+        if meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]:
+            return
+        retrieve.save_body_table(kb, [(d.rel, d.sha256, self.scan.read_text(d)) for d in docs])
 
     async def reindex(self) -> None:
         s = self.scan

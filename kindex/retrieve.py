@@ -11,14 +11,20 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
 
 from kindex.errors import IndexMissingError, KBNotFoundError, UsageError
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.model import INDEX_FILE, DocItem, parse_index
 from kindex.scan import clean_body, split_frontmatter
+from kindex.store import STATE_DIR
+from kindex.tables import Table
 from kindex.tokenize import estimate_tokens, is_weak, normalize, terms
 
 DEFAULT_BUDGET_TOKENS = 6000
@@ -27,17 +33,17 @@ DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
 
 # Field weights: a word in a title or tag says more about a document than the same word in its summary.
 _FIELD_WEIGHTS = (("title", 3.0), ("tags", 2.5), ("path", 1.5), ("summary", 1.0))
-_K1, _B = 1.2, 0.5
 _WEAK_WEIGHT = 0.15
 _THEME_PRIOR = 0.3
-# Below this share of the question's strong evidence, a "match" is coincidence (one stray pair of characters).
-MIN_COVERAGE = 0.2
-MIN_STRONG_MATCHES = 1
+# One shared word is coincidence ("关于", "比较", "good"): the question is on topic only when some document's entry
+# shares at least two strong terms (words, character pairs) with it, or its body at least three.
+MIN_MATCHED_TERMS = 2
+MIN_BODY_TERMS = 3
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 
 # Pairs and words that occur in questions about anything: they must not make a match.
 _STOP_PAIRS = frozenset(
-    "如何 怎么 怎样 什么 为什么 为何 哪里 哪些 哪个 可以 能否 是否 是不是 能不能 一下 一个 这个 那个 "
+    "为什 如何 怎么 怎样 什么 为什么 为何 哪里 哪些 哪个 可以 能否 是否 是不是 能不能 一下 一个 这个 那个 "
     "我们 你们 他们 自己 没有 不是 就是 还是 或者 以及 因为 所以 但是 如果 的话 时候 现在 已经 "
     "需要 应该 请问 谢谢 你好 知道 告诉 问题 有没 没有 要怎 怎么 么办 么样 是什 一些 这些 那些 "
     "还有 有什 的是 了吗 的吗 吗？ 呢？ 我想 我要 想要 帮我 给我 多少 一直 为啥 咋办 一样 不能 "
@@ -110,6 +116,14 @@ class Context:
 
 # -- the loaded index ---------------------------------------------------------------------------------------------
 
+ENTRY_TABLE_FILE = "entries.npz"
+BODY_TABLE_FILE = "body.npz"
+# Body terms are a safety net under the index entries: they rescue a document whose entry missed the user's words,
+# but must not outvote an entry that names the subject.
+BODY_WEIGHT = 0.6
+BODY_TERMS_PER_DOC = 4000
+_CANDIDATES = 64
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -119,75 +133,46 @@ class _Entry:
     theme: str | None
     globs: tuple[str, ...]
     blob: str  # normalised text of every field, for weak single-character evidence
-    norm: float = 1.0
-
-
-@dataclass(slots=True)
-class _Table:
-    """Scoring tables of one level (documents, or themes): postings of strong terms with BM25F weights."""
-
-    entries: list[_Entry] = field(default_factory=list)
-    postings: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    idf: dict[str, float] = field(default_factory=dict)
-
-    def add(self, entry: _Entry, fields: Sequence[tuple[str, float]]) -> None:
-        idx = len(self.entries)
-        self.entries.append(entry)
-        weighted: dict[str, float] = {}
-        length = 0.0
-        for text, weight in fields:
-            for t in terms(text):
-                if is_weak(t):
-                    continue
-                weighted[t] = weighted.get(t, 0.0) + weight
-                length += weight
-        entry.norm = length
-        for t, w in weighted.items():
-            self.postings.setdefault(t, []).append((idx, w))
-
-    def finish(self) -> None:
-        n = len(self.entries)
-        avg = sum(e.norm for e in self.entries) / n if n else 1.0
-        for e in self.entries:
-            e.norm = 1 - _B + _B * (e.norm / avg if avg else 1.0)
-        self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
-
-    def score(self, strong: dict[str, float]) -> dict[int, tuple[float, list[str]]]:
-        out: dict[int, tuple[float, list[str]]] = {}
-        for t, qw in strong.items():
-            posting = self.postings.get(t)
-            if not posting:
-                continue
-            idf = self.idf[t] * qw
-            for idx, w in posting:
-                gain = idf * w * (_K1 + 1) / (w + _K1 * self.entries[idx].norm)
-                prev = out.get(idx)
-                if prev is None:
-                    out[idx] = (gain, [t])
-                else:
-                    prev[1].append(t)
-                    out[idx] = (prev[0] + gain, prev[1])
-        return out
-
-
-def _fields(item: DocItem | Any, path: str) -> list[tuple[str, float]]:
-    values = {
-        "title": item.title,
-        "tags": " ".join(item.tags),
-        "path": re.sub(r"[/_.\-]+", " ", path.removesuffix(".md")),
-        "summary": item.summary,
-    }
-    return [(values[name], w) for name, w in _FIELD_WEIGHTS]
 
 
 @dataclass(slots=True)
 class _Loaded:
     signature: tuple[Any, ...]
-    docs: _Table
-    themes: _Table
-    theme_of: dict[str, int]
-    conditional: list[int]
+    entries: list[_Entry]
+    themes: list[_Entry]
+    docs: Table
+    theme_table: Table
+    body: Table | None
+    theme_of: npt.NDArray[np.int32]
+    conditional: npt.NDArray[np.bool_]
+    path_rank: npt.NDArray[np.int64]
     problems: list[str]
+    by_path: dict[str, _Entry]
+
+
+def _row(item: DocItem, path: str) -> dict[str, float]:
+    """Field-weighted frequencies of the strong terms of one entry."""
+    fields = {
+        "title": item.title,
+        "tags": " ".join(item.tags),
+        "path": re.sub(r"[/_.\-]+", " ", path.removesuffix(".md")),
+        "summary": item.summary,
+    }
+    row: dict[str, float] = {}
+    for name, weight in _FIELD_WEIGHTS:
+        for t in terms(fields[name]):
+            if not is_weak(t):
+                row[t] = row.get(t, 0.0) + weight
+    return row
+
+
+def body_row(text: str) -> dict[str, float]:
+    """A document body's strong terms with sublinear frequencies (stop pairs and words left out)."""
+    counts: dict[str, int] = {}
+    for t in terms(text):
+        if not is_weak(t) and not _is_stop(t):
+            counts[t] = counts.get(t, 0) + 1
+    return {t: 1.0 + math.log(c) for t, c in counts.items()}
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -198,7 +183,7 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _load(kb: Path) -> _Loaded:
+def _read_entries(kb: Path) -> tuple[list[_Entry], list[_Entry], list[Any], list[str]]:
     root_path = kb / INDEX_FILE
     try:
         root, problems = parse_index(root_path.read_bytes())
@@ -207,20 +192,17 @@ def _load(kb: Path) -> _Loaded:
     except ValueError as exc:
         raise IndexMissingError(f"{root_path} is unreadable ({exc}): run `kindex reindex {kb}`") from None
     signature: list[Any] = [_stat(root_path)]
-    docs, themes = _Table(), _Table()
-    theme_of: dict[str, int] = {}
+    entries: list[_Entry] = []
+    themes: list[_Entry] = []
     for d in root.documents:
         if "/" not in d.path:
-            docs.add(_Entry(d.path, "document", d, None, d.paths, _blob(d, d.path)), _fields(d, d.path))
+            entries.append(_Entry(d.path, "document", d, None, d.paths, _blob(d, d.path)))
     for t in root.themes:
         if "/" in t.dir or t.dir.startswith("."):
             problems.append(f"theme {t.dir!r} is not a first-level folder: ignored")
             continue
         theme_doc = DocItem(t.dir, t.title, t.summary, t.tags, t.paths)
-        theme_of[t.dir] = len(themes.entries)
-        themes.add(
-            _Entry(t.dir, "theme", theme_doc, t.dir, t.paths, _blob(theme_doc, t.dir)), _fields(theme_doc, t.dir)
-        )
+        themes.append(_Entry(t.dir, "theme", theme_doc, t.dir, t.paths, _blob(theme_doc, t.dir)))
         sub_path = kb / t.dir / INDEX_FILE
         signature.append(_stat(sub_path))
         try:
@@ -231,11 +213,68 @@ def _load(kb: Path) -> _Loaded:
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
         for d in sub.documents:
             rel = f"{t.dir}/{d.path}"
-            docs.add(_Entry(rel, "document", d, t.dir, d.paths, _blob(d, rel)), _fields(d, rel))
-    docs.finish()
-    themes.finish()
-    conditional = [i for i, e in enumerate(docs.entries) if e.globs]
-    return _Loaded(tuple(signature), docs, themes, theme_of, conditional, problems)
+            entries.append(_Entry(rel, "document", d, t.dir, d.paths, _blob(d, rel)))
+    return entries, themes, signature, problems
+
+
+def _load(kb: Path) -> _Loaded:
+    entries, themes, signature, problems = _read_entries(kb)
+    paths = [e.path for e in entries]
+    saved = Table.load(kb / STATE_DIR / ENTRY_TABLE_FILE)
+    if (
+        saved is not None
+        and saved[1].get("signature") == orjson.loads(orjson.dumps(signature))
+        and (saved[1].get("paths") == paths)
+    ):
+        docs = saved[0]
+    else:
+        docs = Table.build([_row(e.item, e.path) for e in entries])
+    theme_table = Table.build([_row(t.item, t.path) for t in themes])
+    theme_index = {t.path: i for i, t in enumerate(themes)}
+    theme_of = np.array([theme_index.get(e.theme, -1) if e.theme else -1 for e in entries], dtype=np.int32)
+    conditional = np.array([bool(e.globs) for e in entries], dtype=np.bool_)
+    path_rank = np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64)
+    body = None
+    body_saved = Table.load(kb / STATE_DIR / BODY_TABLE_FILE)
+    if body_saved is not None:
+        where = {p: i for i, p in enumerate(paths)}
+        mapping = np.array([where.get(p, -1) for p in body_saved[1].get("paths", [])], dtype=np.int32)
+        if len(mapping) == body_saved[0].n_docs:
+            body = body_saved[0].remap(mapping, len(entries))
+    by_path = {e.path: e for e in entries}
+    return _Loaded(
+        tuple(signature), entries, themes, docs, theme_table, body, theme_of, conditional, path_rank, problems, by_path
+    )
+
+
+def save_tables(kb: Path) -> None:
+    """Precompute the entry scoring table next to the index files, so a cold process loads it instead."""
+    entries, _, signature, _ = _read_entries(kb)
+    table = Table.build([_row(e.item, e.path) for e in entries])
+    table.save(kb / STATE_DIR / ENTRY_TABLE_FILE, {"signature": signature, "paths": [e.path for e in entries]})
+
+
+def save_body_table(kb: Path, bodies: Sequence[tuple[str, str, str]]) -> None:
+    """Index the distinctive terms of each document's text: ``bodies`` holds (path, sha256, text) triples.
+
+    Each document keeps at most its ``BODY_TERMS_PER_DOC`` most frequent terms, which bounds the table's size
+    whatever the documents' length. (Ranking by rarity instead keeps the accidental pairs that straddle two words,
+    and measured worse.)
+    """
+    kept = []
+    for _, _, text in bodies:
+        row = body_row(text)
+        if len(row) > BODY_TERMS_PER_DOC:
+            row = dict(sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[:BODY_TERMS_PER_DOC])
+        kept.append(row)
+    meta = {"paths": [p for p, _, _ in bodies], "sha256": [h for _, h, _ in bodies]}
+    Table.build(kept).save(kb / STATE_DIR / BODY_TABLE_FILE, meta)
+
+
+def body_table_meta(kb: Path) -> dict[str, Any] | None:
+    """What the saved body table was built from, to skip rebuilding it when nothing changed."""
+    saved = Table.load(kb / STATE_DIR / BODY_TABLE_FILE)
+    return None if saved is None else saved[1]
 
 
 def _blob(item: DocItem, path: str) -> str:
@@ -261,7 +300,7 @@ class _IndexCache:
     @staticmethod
     def _signature(kb: Path, loaded: _Loaded) -> tuple[Any, ...]:
         parts: list[Any] = [_stat(kb / INDEX_FILE)]
-        parts.extend(_stat(kb / t.path / INDEX_FILE) for t in loaded.themes.entries)
+        parts.extend(_stat(kb / t.path / INDEX_FILE) for t in loaded.themes)
         return tuple(parts)
 
     def clear(self) -> None:
@@ -273,6 +312,10 @@ _CACHE = _IndexCache()
 
 
 # -- the query ----------------------------------------------------------------------------------------------------
+
+
+def _is_stop(t: str) -> bool:
+    return t in _STOP_PAIRS or t in _STOP_WORDS or (len(t) == 2 and not _STOP_CHARS.isdisjoint(t))
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +331,7 @@ def _query(message: str) -> _Query:
         if is_weak(t):
             if t not in weak:
                 weak.append(t)
-        elif t in _STOP_PAIRS or t in _STOP_WORDS or (len(t) == 2 and not _STOP_CHARS.isdisjoint(t)):
-            continue
-        else:
+        elif not _is_stop(t):
             weight = 0.5 if t.isdigit() else 1.0
             strong[t] = max(strong.get(t, 0.0), weight)
     return _Query(strong, tuple(weak))
@@ -304,30 +345,49 @@ class _Hit:
     reason: str
 
 
+def _matched(loaded: _Loaded, q: _Query, idx: int) -> list[str]:
+    body = loaded.body
+    return sorted(t for t in q.strong if loaded.docs.holds(t, idx) or (body is not None and body.holds(t, idx)))
+
+
 def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
-    theme_scores = loaded.themes.score(q.strong)
-    doc_scores = loaded.docs.score(q.strong)
-    total = sum(loaded.docs.idf.get(t, 0.0) * w for t, w in q.strong.items())
+    n = len(loaded.entries)
     hits: list[_Hit] = []
-    for idx, (score, matched) in doc_scores.items():
-        entry = loaded.docs.entries[idx]
-        if entry.globs:
-            continue  # conditional entries enter only through their globs (below)
-        covered = sum(loaded.docs.idf[t] * q.strong[t] for t in matched)
-        if total <= 0 or covered / total < MIN_COVERAGE or len(matched) < MIN_STRONG_MATCHES:
-            continue
-        weak_gain = sum(_WEAK_WEIGHT for ch in q.weak if ch in entry.blob)
-        prior = 0.0
-        if entry.theme is not None and entry.theme in loaded.theme_of:
-            prior = _THEME_PRIOR * theme_scores.get(loaded.theme_of[entry.theme], (0.0, []))[0]
-        hits.append(_Hit(entry, score + weak_gain + prior, sorted(matched), "matched"))
+    if n and q.strong:
+        scores = np.zeros(n, dtype=np.float32)
+        matches = np.zeros(n, dtype=np.int32)
+        body_matches = np.zeros(n, dtype=np.int32)
+        for term, qw in q.strong.items():
+            hit = loaded.docs.postings(term)
+            if hit is not None:
+                docs, contrib, _ = hit
+                scores[docs] += contrib * qw
+                matches[docs] += 1
+            body_hit = loaded.body.postings(term) if loaded.body is not None else None
+            if body_hit is not None:
+                docs, contrib, _ = body_hit
+                scores[docs] += contrib * (qw * BODY_WEIGHT)
+                body_matches[docs] += 1
+        relevant = ((matches >= MIN_MATCHED_TERMS) | (body_matches >= MIN_BODY_TERMS)) & ~loaded.conditional
+        # The question is on topic when some document meets it on two terms; then every document it touches ranks.
+        touched = (matches > 0) | (body_matches > 0)
+        cand = np.nonzero(touched & ~loaded.conditional)[0] if relevant.any() else relevant.nonzero()[0]
+        if len(cand):
+            t_scores = np.zeros(len(loaded.themes) + 1, dtype=np.float32)  # the extra slot serves root documents
+            loaded.theme_table.score(q.strong, t_scores)
+            final = scores[cand] + _THEME_PRIOR * t_scores[loaded.theme_of[cand]]
+            top = cand[np.lexsort((loaded.path_rank[cand], -final))][:_CANDIDATES]
+            final_of = dict(zip(cand.tolist(), final.tolist(), strict=True))
+            for idx in top.tolist():
+                entry = loaded.entries[idx]
+                weak_gain = sum(_WEAK_WEIGHT for ch in q.weak if ch in entry.blob)
+                hits.append(_Hit(entry, final_of[idx] + weak_gain, _matched(loaded, q, idx), "matched"))
     if scope:
-        for idx in loaded.conditional:
-            entry = loaded.docs.entries[idx]
+        for idx in np.nonzero(loaded.conditional)[0].tolist():
+            entry = loaded.entries[idx]
             glob = any_match(entry.globs, scope)
             if glob is not None:
-                score, matched = doc_scores.get(idx, (0.0, []))
-                hits.append(_Hit(entry, score, sorted(matched), f"scope glob {glob}"))
+                hits.append(_Hit(entry, 0.0, _matched(loaded, q, idx), f"scope glob {glob}"))
     # Rules for the files the user is working on come first: the message is about those files.
     hits.sort(key=lambda h: (h.reason == "matched", -h.score, h.entry.path))
     return hits
@@ -417,9 +477,8 @@ def build_context(
     reason = "matched the question" if not fallback else "no document matched the question: overview documents"
     if fallback:
         hits = [h for h in hits if h.reason != "matched"]
-        known = {e.path: e for e in loaded.docs.entries}
         for name in fallback_docs:
-            entry = known.get(name)
+            entry = loaded.by_path.get(name)
             if entry is None and (root / name).is_file():
                 item = DocItem(name, Path(name).stem, "")
                 entry = _Entry(name, "document", item, None, (), "")

@@ -125,7 +125,7 @@ def test_identical_scores_are_ordered_by_path(tmp_path: Path) -> None:
         tmp_path,
         {f"t/{name}.md": (DocItem(f"{name}.md", *entry), f"# {name}\n退款") for name in ("c", "a", "b")},
     )
-    ctx = kindex.build_context(kb, "退款")
+    ctx = kindex.build_context(kb, "退款说明")
     assert [i.path for i in ctx.items] == ["t/a.md", "t/b.md", "t/c.md"]
     assert len({i.score for i in ctx.items}) == 1
 
@@ -141,20 +141,20 @@ def test_a_vanished_file_is_skipped_and_reported(indexed: Path) -> None:
 
 def test_paths_outside_the_kb_in_a_hand_edited_index_are_never_served(tmp_path: Path) -> None:
     secret = tmp_path / "secret.md"
-    secret.write_text("# 退款 secret", encoding="utf-8")
-    kb = make_kb(tmp_path / "kb", {"t/a.md": (DocItem("a.md", "退款", "退款"), "# a")})
-    write_index(kb / "t" / "index.json", Index(documents=(DocItem("../../secret.md", "退款", "退款"),)))
+    secret.write_text("# 退款政策 secret", encoding="utf-8")
+    kb = make_kb(tmp_path / "kb", {"t/a.md": (DocItem("a.md", "退款政策", "退款"), "# a")})
+    write_index(kb / "t" / "index.json", Index(documents=(DocItem("../../secret.md", "退款政策", "退款"),)))
 
-    ctx = kindex.build_context(kb, "退款")
+    ctx = kindex.build_context(kb, "退款政策")
     assert "secret" not in ctx.text and ctx.missing == ("t/../../secret.md",)
 
 
 def test_a_rewritten_index_is_seen_by_the_next_call_in_the_same_process(tmp_path: Path) -> None:
     kb = make_kb(
         tmp_path,
-        {"t/a.md": (DocItem("a.md", "退款", "退款"), "# a"), "t/b.md": (DocItem("b.md", "发票", "发票"), "# b")},
+        {"t/a.md": (DocItem("a.md", "退款政策", "退款"), "# a"), "t/b.md": (DocItem("b.md", "发票", "发票"), "# b")},
     )
-    assert kindex.build_context(kb, "退款").items[0].path == "t/a.md"
+    assert kindex.build_context(kb, "退款政策").items[0].path == "t/a.md"
     assert kindex.build_context(kb, "对公转账").fallback
 
     write_index(kb / "t" / "index.json", Index(documents=(DocItem("b.md", "对公转账", "对公转账说明"),)))
