@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kindex  # noqa: E402
-from kindex.retrieve import clear_cache  # noqa: E402
-from kindex.tokenize import terms  # noqa: E402
+import kindex
+from kindex.retrieve import clear_cache
+from kindex.tokenize import terms
 
 ZH_WORDS = (
     "退款 发票 账号 登录 密码 同步 冲突 导出 导入 报表 科目 凭证 预算 审批 权限 成员 套餐 续费 优惠 订单 支付 "
@@ -81,8 +81,11 @@ def main() -> None:
         make_kb(kb, args.docs, args.themes, rng)
         started = time.perf_counter()
         kindex.reindex(kb)
-        print(f"generated and indexed {args.docs} documents in {args.themes} themes "
-              f"(offline reindex {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+        print(
+            f"generated and indexed {args.docs} documents in {args.themes} themes "
+            f"(offline reindex {time.perf_counter() - started:.1f} s)",
+            file=sys.stderr,
+        )
         qs = questions(rng, args.queries)
 
         colds = []
@@ -133,7 +136,7 @@ def main() -> None:
     p = lambda xs, q: statistics.quantiles(xs, n=100)[q - 1]  # noqa: E731
     w50, w99 = statistics.median(warm), p(warm, 99)
     b50 = statistics.median(bm25_times)
-    print(f"| measure | value |\n|---|---|")
+    print("| measure | value |\n|---|---|")
     print(f"| documents / themes | {args.docs} / {args.themes} |")
     print(f"| cold first call (load + build + answer), median of 5 | {ms(statistics.median(colds))} |")
     print(f"| warm build_context p50 / p99 ({len(qs)} questions) | {ms(w50)} / {ms(w99)} |")

@@ -236,7 +236,9 @@ def _load(kb: Path) -> _Loaded:
     path_rank = np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64)
     body = None
     body_saved = Table.load(kb / STATE_DIR / BODY_TABLE_FILE)
-    if body_saved is not None:
+    if body_saved is not None and body_saved[1].get("paths") == paths:
+        body = body_saved[0]
+    elif body_saved is not None:
         where = {p: i for i, p in enumerate(paths)}
         mapping = np.array([where.get(p, -1) for p in body_saved[1].get("paths", [])], dtype=np.int32)
         if len(mapping) == body_saved[0].n_docs:

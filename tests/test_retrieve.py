@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import kindex
+import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem
 from kindex.cli import main
 from kindex.retrieve import cut_to_budget
@@ -190,3 +191,30 @@ def test_context_never_imports_litellm(indexed: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe, str(indexed)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_words_only_in_a_documents_body_still_find_it(indexed: Path) -> None:
+    question = "苹果商店里买的会员怎么退"
+    entry = next(
+        d
+        for d in kindex.parse_index((indexed / "billing" / "index.json").read_bytes())[0].documents
+        if d.path == "退款政策.md"
+    )
+    assert "苹果" not in entry.title + entry.summary + "".join(entry.tags)
+
+    assert [i.path for i in kindex.search(indexed, question)] == ["billing/退款政策.md"]
+
+    (indexed / ".kindex" / "body.npz").unlink()  # without the body table only the entries speak
+    kindex.retrieve.clear_cache()
+    assert kindex.search(indexed, question) == []
+
+
+def test_a_saved_table_that_no_longer_matches_the_index_is_not_used(indexed: Path) -> None:
+    assert (indexed / ".kindex" / "entries.npz").exists()
+    write_index(
+        indexed / "sync" / "index.json",
+        Index(documents=(DocItem("离线模式.md", "飞行模式下记账", "没有网络也能记账"),)),
+    )
+    kindex.retrieve.clear_cache()
+
+    assert kindex.search(indexed, "飞行模式下记账")[0].path == "sync/离线模式.md"
