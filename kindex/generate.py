@@ -31,7 +31,7 @@ from kindex.lock import write_lock
 from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
+from kindex.store import Cache, atomic_write, read_index, root_index_path, theme_index_path
 from kindex.tokenize import estimate_tokens
 
 DEFAULT_CONCURRENCY = 8
@@ -239,7 +239,14 @@ class _Runner:
             self.opts.on_progress(Progress(step, self.report.completed, self.report.total, item))
 
     def _write(self, path: Path, index: Index) -> None:
-        write_index(path, index)
+        """Replace ``path`` with ``index`` unless it already holds exactly that (readers then keep their cache)."""
+        data = index.to_json()
+        try:
+            if path.read_bytes() == data:
+                return
+        except OSError:
+            pass
+        atomic_write(path, data)
         self.report.written.append(path.relative_to(self.scan.kb).as_posix())
 
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:

@@ -134,15 +134,6 @@ class LiteLLMClient:
             return "none"
         return "json_object" if "response_format" in params else "none"
 
-    def cost_per_token(self) -> tuple[float, float] | None:
-        """(prompt, completion) price per token when litellm knows the model."""
-        try:
-            info = self._litellm.get_model_info(self.settings.model)
-        except Exception:  # unknown models raise; that just means no price
-            return None
-        inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
-        return (float(inp), float(out or 0.0)) if inp else None
-
     async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
         lt = self._litellm
         s = self.settings
@@ -192,9 +183,10 @@ class LiteLLMClient:
             usage = getattr(response, "usage", None)
             prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
             completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-            price = self.cost_per_token()
-            cost = None if price is None else prompt_tokens * price[0] + completion_tokens * price[1]
-            return Completion(text, prompt_tokens, completion_tokens, cost, retries=attempt)
+            # litellm prices every response of a model it knows; unknown models leave the cost unset.
+            cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+            priced = float(cost) if isinstance(cost, int | float) and cost > 0 else None
+            return Completion(text, prompt_tokens, completion_tokens, priced, retries=attempt)
 
     def _delay(self, exc: BaseException, attempt: int) -> float:
         after = retry_after(exc)

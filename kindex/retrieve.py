@@ -250,10 +250,17 @@ def _load(kb: Path) -> _Loaded:
 
 
 def save_tables(kb: Path) -> None:
-    """Precompute the entry scoring table next to the index files, so a cold process loads it instead."""
+    """Precompute the entry scoring table next to the index files, so a cold process loads it instead.
+
+    Nothing is done when the saved table already describes the index files as they are.
+    """
     entries, _, signature, _ = _read_entries(kb)
+    meta = Table.load_meta(kb / STATE_DIR / ENTRY_TABLE_FILE) or {}
+    paths = [e.path for e in entries]
+    if meta.get("signature") == orjson.loads(orjson.dumps(signature)) and meta.get("paths") == paths:
+        return
     table = Table.build([_row(e.item, e.path) for e in entries])
-    table.save(kb / STATE_DIR / ENTRY_TABLE_FILE, {"signature": signature, "paths": [e.path for e in entries]})
+    table.save(kb / STATE_DIR / ENTRY_TABLE_FILE, {"signature": signature, "paths": paths})
 
 
 def save_body_table(kb: Path, bodies: Sequence[tuple[str, str, str]]) -> None:
@@ -275,8 +282,7 @@ def save_body_table(kb: Path, bodies: Sequence[tuple[str, str, str]]) -> None:
 
 def body_table_meta(kb: Path) -> dict[str, Any] | None:
     """What the saved body table was built from, to skip rebuilding it when nothing changed."""
-    saved = Table.load(kb / STATE_DIR / BODY_TABLE_FILE)
-    return None if saved is None else saved[1]
+    return Table.load_meta(kb / STATE_DIR / BODY_TABLE_FILE)
 
 
 def _blob(item: DocItem, path: str) -> str:

@@ -130,6 +130,16 @@ class Table:
         )
         atomic_write(path, buf.getvalue())
 
+    @staticmethod
+    def load_meta(path: Path) -> dict[str, Any] | None:
+        """Only the meta of a saved table (the arrays are not read)."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = orjson.loads(data["meta"].tobytes())
+        except (OSError, ValueError, KeyError, orjson.JSONDecodeError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
     @classmethod
     def load(cls, path: Path) -> tuple[Table, dict[str, Any]] | None:
         """The table and its meta, or ``None`` when the file is missing or not a table."""

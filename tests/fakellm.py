@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ class Reply:
     hang: bool = False
     drop: bool = False
     no_choices: bool = False
+    latency: float = 0.0
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -73,7 +75,7 @@ class FakeLLM:
     def __init__(self) -> None:
         self.script: Script = well_behaved
         self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        self._arrived = threading.Condition()
         self._release = threading.Event()
         fake = self
 
@@ -83,12 +85,21 @@ class FakeLLM:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                # Headers and body go out in separate writes; without NODELAY, Nagle's algorithm and the client's
+                # delayed ACK add ~40 ms to every answer, which no real provider does.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length))
-                with fake._lock:
+                with fake._arrived:
                     fake.requests.append(body)
+                    fake._arrived.notify_all()
                 reply = fake.script(body)
+                if reply.latency:
+                    fake._release.wait(reply.latency)  # a slow provider; released at once when the server stops
                 if reply.hang:
                     fake._release.wait(30)
                     self.close_connection = True
@@ -147,8 +158,29 @@ class FakeLLM:
         self.server.shutdown()
         self.server.server_close()
 
+    def wait_for_requests(self, count: int, timeout: float = 60.0) -> None:
+        """Block until ``count`` requests have arrived (a test's synchronisation point, not a sleep)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise TimeoutError(f"only {len(self.requests)} of {count} requests arrived")
+
     def doc_requests(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if not is_root(r)]
 
     def root_requests(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if is_root(r)]
+
+
+def main() -> None:
+    """Serve well-behaved answers after a fixed latency until killed: ``python -m tests.fakellm LATENCY``."""
+    import sys
+
+    latency = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+    server = FakeLLM()
+    server.script = lambda r: Reply(well_behaved(r).content, latency=latency)
+    print(server.url, flush=True)
+    server.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
