@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kindex import extractive, retrieve
 from kindex.errors import AnswerError, UsageError
@@ -34,6 +34,7 @@ from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
 from kindex.store import Cache, atomic_write, read_index, root_index_path, theme_index_path
 from kindex.tokenize import estimate_tokens
 
+T = TypeVar("T")
 DEFAULT_CONCURRENCY = 8
 # What a typical answer costs, for estimates: a document entry ~150 tokens, a root entry ~60 per item.
 DOC_ANSWER_TOKENS = 150
@@ -211,8 +212,10 @@ def _run(
     started = time.monotonic()
     with write_lock(s.kb, step, wait=opts.wait):
         runner = _Runner(s, generator, opts, step)
-        asyncio.run(body(runner))
-        runner.save_retrieval_tables(with_bodies=step in ("reindex", "sub"))
+        try:
+            asyncio.run(runner.run(body, with_bodies=step in ("reindex", "sub")))
+        finally:
+            runner.cache.close()
     runner.report.wall_seconds = time.monotonic() - started
     return runner.report
 
@@ -223,6 +226,7 @@ class _Runner:
         self.generator = generator
         self.opts = opts
         self.cache = Cache(s.kb)
+        self.live_keys: set[str] = set()
         self.report = RunReport(step=step, generator=generator.name, offline=generator.offline, total=0)
         self._sem: asyncio.Semaphore | None = None
 
@@ -251,6 +255,7 @@ class _Runner:
 
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
+        self.live_keys.add(key)
         if not self.opts.force:
             cached = self.cache.get(key)
             if cached is not None:
@@ -317,7 +322,7 @@ class _Runner:
             self.report.total = len(docs)
         path = theme_index_path(self.scan.kb, dir_name)
         previous = read_index(path) or Index()
-        items = await asyncio.gather(*(self._doc_entry(d, previous) for d in docs))
+        items = await _all(self._doc_entry(d, previous) for d in docs)
         self._write(path, theme_index(items))
 
     async def one_doc(self, dir_name: str, rel_path: str, clear_dir: bool) -> None:
@@ -332,25 +337,37 @@ class _Runner:
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))
 
-    def save_retrieval_tables(self, *, with_bodies: bool) -> None:
-        """Precompute what BuildContext needs, so that the first question after a reindex is answered fast."""
+    async def run(self, body: Callable[[_Runner], Any], *, with_bodies: bool) -> None:
+        """Run a step, then precompute what BuildContext needs so the first question after it is answered fast."""
+        await body(self)
         kb = self.scan.kb
         if not root_index_path(kb).exists():
             return
         retrieve.save_tables(kb)
-        if not with_bodies:
-            return
         docs = self.scan.documents
         meta = retrieve.body_table_meta(kb) or {}
-        if meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]:
+        if not with_bodies or (
+            meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]
+        ):
             return
-        retrieve.save_body_table(kb, [(d.rel, d.sha256, self.scan.read_text(d)) for d in docs])
+        retrieve.save_body_table(kb, *retrieve.body_table([(d.rel, d.sha256, self.scan.read_text(d)) for d in docs]))
 
     async def reindex(self) -> None:
         s = self.scan
         self.report.total = 1 + sum(len(d) for d in s.themes.values())
-        await self.root(counted=False)
-        await asyncio.gather(*(self.theme(name, counted=False) for name in s.themes))
+        # The root call does not depend on the documents' answers: it runs alongside them.
+        await _all([self.root(counted=False), *(self.theme(name, counted=False) for name in s.themes)])
         if not self.generator.offline:
-            live = {self.generator.root_key(s)} | {self.generator.doc_key(d) for d in s.documents}
-            self.cache.compact(live)
+            self.cache.compact(self.live_keys)
+
+
+async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` concurrently; the first exception cancels the others (no call is sent after a fatal error)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

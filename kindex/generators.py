@@ -171,15 +171,19 @@ class LLMGenerator:
         self.name = f"llm:{settings.model}"
         s = settings
         self._fingerprint = (s.model, s.temperature, s.max_tokens, templating.version("repair.j2"))
+        # doc_key renders the prompt to hash it; describe_doc reuses that rendering instead of making it again.
+        self._rendered: dict[str, list[Message]] = {}
 
     def doc_key(self, doc: ScannedDoc) -> str:
-        return _digest(self._fingerprint, doc_messages(doc))
+        messages = self._rendered[doc.rel] = doc_messages(doc)
+        return _digest(self._fingerprint, messages)
 
     def root_key(self, scan: Scan) -> str:
         return _digest(self._fingerprint, root_messages(scan))
 
     async def describe_doc(self, scan: Scan, doc: ScannedDoc) -> Answer:
-        return await self._ask(doc_messages(doc), DOC_SCHEMA, _DOC_SHAPE, _check_doc)
+        messages = self._rendered.pop(doc.rel, None) or doc_messages(doc)
+        return await self._ask(messages, DOC_SCHEMA, _DOC_SHAPE, _check_doc)
 
     async def describe_root(self, scan: Scan) -> Answer:
         return await self._ask(root_messages(scan), ROOT_SCHEMA, _ROOT_SHAPE, require_root_lists)

@@ -263,8 +263,8 @@ def save_tables(kb: Path) -> None:
     table.save(kb / STATE_DIR / ENTRY_TABLE_FILE, {"signature": signature, "paths": paths})
 
 
-def save_body_table(kb: Path, bodies: Sequence[tuple[str, str, str]]) -> None:
-    """Index the distinctive terms of each document's text: ``bodies`` holds (path, sha256, text) triples.
+def body_table(bodies: Sequence[tuple[str, str, str]]) -> tuple[Table, dict[str, Any]]:
+    """The body-term table of (path, sha256, text) triples, and the meta that says what it was built from.
 
     Each document keeps at most its ``BODY_TERMS_PER_DOC`` most frequent terms, which bounds the table's size
     whatever the documents' length. (Ranking by rarity instead keeps the accidental pairs that straddle two words,
@@ -277,7 +277,11 @@ def save_body_table(kb: Path, bodies: Sequence[tuple[str, str, str]]) -> None:
             row = dict(sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[:BODY_TERMS_PER_DOC])
         kept.append(row)
     meta = {"paths": [p for p, _, _ in bodies], "sha256": [h for _, h, _ in bodies]}
-    Table.build(kept).save(kb / STATE_DIR / BODY_TABLE_FILE, meta)
+    return Table.build(kept), meta
+
+
+def save_body_table(kb: Path, table: Table, meta: dict[str, Any]) -> None:
+    table.save(kb / STATE_DIR / BODY_TABLE_FILE, meta)
 
 
 def body_table_meta(kb: Path) -> dict[str, Any] | None:

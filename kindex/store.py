@@ -12,7 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -75,6 +75,7 @@ class Cache:
         self.path = kb / STATE_DIR / CACHE_FILE
         self._entries: dict[str, dict[str, Any]] = {}
         self._lines = 0
+        self._fh: BinaryIO | None = None
         self._load()
 
     def _load(self) -> None:
@@ -97,13 +98,22 @@ class Cache:
     def put(self, key: str, value: Mapping[str, Any]) -> None:
         """Record an answer and append it to disk at once, so a crash right after loses nothing."""
         self._entries[key] = dict(value)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("ab") as fh:
-            fh.write(orjson.dumps({"key": key, "value": value}) + b"\n")
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("ab")
+        # One write per record, flushed to the OS at once: a killed process loses at most the line it was writing.
+        self._fh.write(orjson.dumps({"key": key, "value": value}) + b"\n")
+        self._fh.flush()
         self._lines += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
     def compact(self, live: set[str]) -> None:
         """Rewrite the log with only the ``live`` keys, dropping superseded and orphaned answers."""
+        self.close()
         kept = {k: v for k, v in self._entries.items() if k in live}
         if len(kept) == len(self._entries) and self._lines == len(kept):
             return
