@@ -9,6 +9,7 @@ from kindex.errors import (
     AnswerError,
     BusyError,
     IndexMissingError,
+    InterruptedRun,
     KBNotFoundError,
     KindexError,
     ModelCallError,
@@ -17,7 +18,20 @@ from kindex.errors import (
     PathNotInThemeError,
     UsageError,
 )
-from kindex.generate import Failure, Options, Preview, Progress, RunReport, doc, preview, reindex, root, sub
+from kindex.generate import (
+    Failure,
+    Options,
+    Plan,
+    Preview,
+    Progress,
+    RunReport,
+    doc,
+    dry_run,
+    preview,
+    reindex,
+    root,
+    sub,
+)
 from kindex.generators import ExtractiveGenerator, Generator, LLMGenerator
 from kindex.jsonextract import extract_object
 from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings
@@ -40,6 +54,7 @@ __all__ = [
     "Generator",
     "Index",
     "IndexMissingError",
+    "InterruptedRun",
     "KBNotFoundError",
     "KindexError",
     "LLMClient",
@@ -51,6 +66,7 @@ __all__ = [
     "NotAThemeError",
     "Options",
     "PathNotInThemeError",
+    "Plan",
     "Preview",
     "Progress",
     "RunReport",
@@ -61,6 +77,7 @@ __all__ = [
     "__version__",
     "build_context",
     "doc",
+    "dry_run",
     "extract_object",
     "parse_index",
     "preview",

@@ -1,7 +1,7 @@
 """The ``kindex`` command line: parse arguments, call one core function, print.
 
 Human output goes to stdout, progress bars and notices to stderr; ``--json`` prints one JSON object on stdout.
-Exit status: 0 success, 1 failure, 2 usage error, 3 a run that finished but left documents failed.
+Exit status: 0 success, 1 failure, 2 usage error, 3 a run that finished but left documents failed, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import click
 import orjson
 
 from kindex import generate
-from kindex.errors import KindexError, UsageError
+from kindex.errors import InterruptedRun, KindexError, UsageError
 from kindex.llm import RESPONSE_FORMATS, LLMSettings
 from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, build_context
 from kindex.scan import DEFAULT_EXCERPT_CHARS
 from kindex.validate import validate as validate_kb
 
 EXIT_PARTIAL = 3
+EXIT_INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -33,6 +34,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except UsageError as exc:
             raise click.UsageError(exc.message) from None
+        except InterruptedRun as exc:
+            click.echo(f"kindex: {exc.message}", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except KindexError as exc:
             raise click.ClickException(exc.message) from None
 
@@ -190,11 +194,29 @@ def _step(kw: dict[str, Any], call: Callable[[generate.Options], generate.RunRep
 @main.command()
 @_kb_arg
 @_model_opts
-def reindex(kb: str, **kw: Any) -> None:
+@click.option(
+    "--dry-run", is_flag=True, help="Print the calls a run would make and their estimated cost; call nothing."
+)
+def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
     """Write the whole index: KB/index.json, then every theme's KB/<theme>/index.json.
 
     Unchanged documents are answered from the cache under KB/.kindex/, so a re-run costs only what changed.
+    Ctrl-C stops cleanly: what was answered is kept, and running again finishes the job.
     """
+    if dry_run:
+        as_json = kw.pop("as_json")
+        plan = generate.dry_run(kb, _options(kw, None))
+        if as_json:
+            click.echo(orjson.dumps(plan.to_dict(), option=orjson.OPT_INDENT_2).decode())
+            return
+        cost = "cost unknown" if plan.cost is None else f"about ${plan.cost:.4f}"
+        click.echo(
+            f"dry run ({plan.generator}): {len(plan.calls)} model calls, {plan.cached} answers cached, "
+            f"~{plan.prompt_tokens:,} prompt + ~{plan.completion_tokens:,} answer tokens, {cost}"
+        )
+        for item in plan.calls:
+            click.echo(f"  call: {item}")
+        return
     _step(kw, lambda o: generate.reindex(kb, o))
 
 

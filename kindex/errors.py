@@ -69,3 +69,13 @@ class AnswerError(KindexError):
     """A model answer that does not hold a usable JSON object."""
 
     code = "model_error"
+
+
+class InterruptedRun(KindexError):
+    """The user stopped a run (Ctrl-C). Answers received so far are cached; ``report`` says how far it got."""
+
+    code = "interrupted"
+
+    def __init__(self, message: str, report: object) -> None:
+        super().__init__(message)
+        self.report = report

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import extractive, retrieve
-from kindex.errors import AnswerError, UsageError
+from kindex.errors import AnswerError, InterruptedRun, UsageError
 from kindex.generators import (
     Answer,
     GenerationFailed,
@@ -28,7 +28,7 @@ from kindex.generators import (
 )
 from kindex.llm import LLMClient, LLMSettings
 from kindex.lock import write_lock
-from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+from kindex.model import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
 from kindex.store import Cache, atomic_write, read_index, root_index_path, theme_index_path
@@ -211,13 +211,95 @@ def _run(
     generator = make_generator(opts.llm, opts.client)
     started = time.monotonic()
     with write_lock(s.kb, step, wait=opts.wait):
+        remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
         try:
             asyncio.run(runner.run(body, with_bodies=step in ("reindex", "sub")))
+        except KeyboardInterrupt:
+            runner.report.wall_seconds = time.monotonic() - started
+            done = runner.report
+            raise InterruptedRun(
+                f"interrupted after {done.completed} of {done.total} steps; the {done.usage.calls} answers received "
+                "are cached and every index file is intact: run the same command again to finish",
+                done,
+            ) from None
         finally:
             runner.cache.close()
     runner.report.wall_seconds = time.monotonic() - started
     return runner.report
+
+
+def remove_stale_temporaries(s: Scan) -> None:
+    """Delete temporary index files a killed writer left behind (the caller holds the lock, so none is live)."""
+    for folder in (s.kb, *(s.kb / name for name in s.themes)):
+        for tmp in folder.glob(f".{INDEX_FILE}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a run would do: which items need a model call, and what that should cost."""
+
+    generator: str
+    calls: tuple[str, ...]
+    cached: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator,
+            "calls": len(self.calls),
+            "items": list(self.calls),
+            "cached": self.cached,
+            "estimated_prompt_tokens": self.prompt_tokens,
+            "estimated_completion_tokens": self.completion_tokens,
+            "estimated_cost": self.cost,
+        }
+
+
+def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
+    """What ``reindex`` would send to the model (cache and ``force`` considered), without sending anything."""
+    opts = options or Options()
+    opts.check()
+    s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    generator = make_generator(opts.llm, opts.client)
+    if generator.offline:
+        return Plan(generator.name, (), 0, 0, 0, None)
+    cache = Cache(s.kb)
+    calls: list[str] = []
+    prompt = completion = cached = 0
+    pending = [
+        (
+            "index.json",
+            generator.root_key(s),
+            root_messages(s),
+            ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs)),
+        )
+    ]
+    pending += [(d.rel, generator.doc_key(d), doc_messages(d), DOC_ANSWER_TOKENS) for d in s.documents if d.theme]
+    for label, key, messages, answer_tokens in pending:
+        if not opts.force and cache.get(key) is not None:
+            cached += 1
+            continue
+        calls.append(label)
+        prompt += _tokens_of(messages)
+        completion += answer_tokens
+    return Plan(generator.name, tuple(calls), cached, prompt, completion, _price(opts.llm, prompt, completion))
+
+
+def _price(llm: LLMSettings, prompt: int, completion: int) -> float | None:
+    if not llm.model:
+        return None
+    from kindex.llm import import_litellm
+
+    try:
+        info = import_litellm().get_model_info(llm.model)
+    except Exception:  # litellm raises assorted errors for models it has no price for
+        return None
+    inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    return prompt * float(inp) + completion * float(out or 0) if inp else None
 
 
 class _Runner:
