@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_prompts_carry_the_closed_path_list_and_a_bounded_excerpt(
     for name in ("导读.md", "00-总则与功能导航.md", "常见问题.md"):
         assert f"- path: {name}" in root_prompt
     for theme in ("account", "billing", "developer", "sync"):
-        assert f"- dir: {theme} " in root_prompt
+        assert re.search(rf"^- dir: {theme} \(\d+ documents\) — ", root_prompt, re.MULTILINE), root_prompt
     assert "双重验证（两步验证）" in root_prompt  # a theme's document titles tell the model what is inside
 
     paths = sorted(doc_path(r) for r in fake_llm.doc_requests())
