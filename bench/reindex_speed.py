@@ -74,8 +74,10 @@ def main() -> None:
             wall, report = run(kb, url, args.concurrency)
             ideal = calls * args.latency / args.concurrency
             assert report.ok and report.usage.calls == calls, report.to_dict()
-            lines.append(f"| reindex, {calls} calls at concurrency {args.concurrency} | {wall:.2f} s "
-                         f"(ideal N·L/C = {ideal:.2f} s, ratio {wall / ideal:.2f}) |")
+            lines.append(
+                f"| reindex, {calls} calls at concurrency {args.concurrency} | {wall:.2f} s "
+                f"(ideal N·L/C = {ideal:.2f} s, ratio {wall / ideal:.2f}) |"
+            )
 
             settings = kindex.LLMSettings(model="openai/bench", api_base=url)
             t0 = time.perf_counter()
@@ -84,17 +86,21 @@ def main() -> None:
             t0 = time.perf_counter()
             kindex.preview(kb)
             prev = time.perf_counter() - t0
-            lines.append(f"| re-run on the unchanged KB | {again.usage.calls} calls, {again.cache_hits} cache hits, "
-                         f"{rerun:.2f} s |")
+            lines.append(
+                f"| re-run on the unchanged KB | {again.usage.calls} calls, {again.cache_hits} cache hits, "
+                f"{rerun:.2f} s |"
+            )
             lines.append(f"| `preview` on the same KB | {prev:.2f} s (re-run / preview = {rerun / prev:.2f}) |")
 
             seq_kb = Path(tmp) / "seq"
             make_kb(seq_kb, args.sequential_docs, args.themes)
             seq_wall, seq_report = run(seq_kb, url, 1)
             per_call = seq_wall / seq_report.usage.calls
-            lines.append(f"| sequential baseline (concurrency 1), {seq_report.usage.calls} calls | {seq_wall:.2f} s "
-                         f"({per_call * 1000:.0f} ms per call; for {calls} calls ≈ {per_call * calls:.0f} s, "
-                         f"{per_call * calls / wall:.1f}× the concurrent run) |")
+            lines.append(
+                f"| sequential baseline (concurrency 1), {seq_report.usage.calls} calls | {seq_wall:.2f} s "
+                f"({per_call * 1000:.0f} ms per call; for {calls} calls ≈ {per_call * calls:.0f} s, "
+                f"{per_call * calls / wall:.1f}× the concurrent run) |"
+            )
             shutil.rmtree(seq_kb)
     finally:
         server.kill()

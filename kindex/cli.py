@@ -335,3 +335,7 @@ def context(kb: str, message: str, paths: tuple[str, ...], budget: int, max_docs
         click.echo(ctx.text)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
+
+
+if __name__ == "__main__":
+    main()

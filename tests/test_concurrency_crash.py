@@ -1,0 +1,155 @@
+"""One writer per KB, no lost updates, and no corrupt index whatever instant a run is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+import kindex
+from kindex.store import CACHE_FILE, STATE_DIR
+from tests.conftest import REPO
+from tests.fakellm import FakeLLM, Reply, well_behaved
+
+
+def kindex_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kindex.cli", *args]
+
+
+def env_for(server: FakeLLM | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KINDEX_MODEL": "", "OPENAI_API_KEY": "test"}
+    if server is not None:
+        env.update(KINDEX_MODEL="openai/fake", KINDEX_API_BASE=server.url, KINDEX_RETRY_BASE_DELAY="0")
+    return env
+
+
+def assert_files_conform(kb: Path) -> None:
+    """Every index file on disk parses and conforms; a theme index may be missing, never half-written."""
+    for problem in kindex.validate(kb):
+        assert problem.endswith("missing (run `kindex reindex`)"), problem
+    for path in kb.rglob("*.tmp"):
+        raise AssertionError(f"temporary file left behind: {path}")
+
+
+def cached_answers(kb: Path) -> int:
+    path = kb / STATE_DIR / CACHE_FILE
+    if not path.exists():
+        return 0
+    count = 0
+    for line in path.read_bytes().splitlines():
+        try:
+            orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        count += 1
+    return count
+
+
+def test_a_second_writer_fails_clearly_or_waits(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=0.3)
+    first = subprocess.Popen(
+        kindex_cmd("reindex", str(sample_kb), "--concurrency", "2"),
+        env=env_for(fake_llm),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fake_llm.wait_for_requests(1)  # the first run holds the lock and is talking to the model
+        second = subprocess.run(
+            kindex_cmd("reindex", str(sample_kb)), env=env_for(None), capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1
+        assert "another kindex run is writing" in second.stderr and "`kindex reindex`, pid" in second.stderr
+        assert "pass --wait SECONDS" in second.stderr
+
+        waiting = subprocess.run(
+            kindex_cmd("reindex", str(sample_kb), "--wait", "120"),
+            env=env_for(fake_llm),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert first.wait(timeout=120) == 0
+        assert waiting.returncode == 0, waiting.stderr
+        assert "0 model calls, 19 cached" in waiting.stdout  # it waited, then found everything done
+    finally:
+        first.kill()
+    assert kindex.validate(sample_kb) == []
+
+
+def test_concurrent_doc_steps_on_one_theme_lose_no_update(tmp_path: Path) -> None:
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    (kb / "导读.md").write_text("# 导读\n", encoding="utf-8")
+    for i in range(20):
+        (kb / "t" / f"d{i:02d}.md").write_text(f"# 文档 {i}\n\n内容 {i}。\n", encoding="utf-8")
+    procs = [
+        subprocess.Popen(
+            kindex_cmd("doc", str(kb), "t", f"d{i:02d}.md", "--wait", "120"),
+            env=env_for(None),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(20)
+    ]
+    for p in procs:
+        assert p.wait(timeout=180) == 0, p.stderr.read() if p.stderr else ""
+
+    entries = orjson.loads((kb / "t" / "index.json").read_bytes())["documents"]
+    assert sorted(d["path"] for d in entries) == [f"d{i:02d}.md" for i in range(20)]
+
+
+@pytest.mark.parametrize("kill_after", [1, 7, 14])
+def test_sigkill_at_any_point_leaves_valid_files_and_the_rerun_pays_only_the_rest(
+    sample_kb: Path, fake_llm: FakeLLM, kill_after: int
+) -> None:
+    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=0.2)
+    run = subprocess.Popen(
+        kindex_cmd("reindex", str(sample_kb), "--concurrency", "3"),
+        env=env_for(fake_llm),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    fake_llm.wait_for_requests(kill_after)
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=30)
+
+    assert_files_conform(sample_kb)
+    paid = cached_answers(sample_kb)
+    assert paid >= kill_after - 3  # answers received before the kill were kept (at most 3 were in flight)
+
+    fake_llm.script = well_behaved
+    fake_llm.requests.clear()
+    report = kindex.reindex(
+        sample_kb, kindex.Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    )
+
+    assert report.ok and report.cache_hits == paid and report.usage.calls == 19 - paid
+    assert len(fake_llm.requests) == 19 - paid
+    assert kindex.validate(sample_kb) == []
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=0.3)
+    run = subprocess.Popen(
+        kindex_cmd("reindex", str(sample_kb), "--concurrency", "2"),
+        env=env_for(fake_llm),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    fake_llm.wait_for_requests(4)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+
+    assert run.returncode == 130
+    assert "kindex: interrupted after " in err and "run the same command again to finish" in err
+    assert "Traceback" not in err
+    assert_files_conform(sample_kb)
