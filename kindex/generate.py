@@ -390,7 +390,7 @@ class _Runner:
         item: DocItem | None = None
         if answer is not None:
             try:
-                item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths)
+                item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths, d.excerpt)
             except AnswerError as exc:  # a cached answer that no longer validates: treat as a failure
                 self.report.failures.append(Failure(d.rel, f"stored answer unusable: {exc}"))
         if item is None:

@@ -9,18 +9,32 @@ from kindex.errors import AnswerError
 from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 
 
-def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] = ()) -> DocItem:
+def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] = (), evidence: str = "") -> DocItem:
     """A bounded entry for ``path`` from a model answer; :class:`AnswerError` when it says nothing usable.
 
-    Whatever path the answer names, the entry describes ``path``; globs the author wrote win over proposed ones.
+    Whatever path the answer names, the entry describes ``path``. Globs the author wrote win over proposed ones;
+    a glob the model proposes is kept only when the document's text (``evidence``) names the kind of file it
+    targets, since an entry with globs disappears from every conversation without a matching file.
     """
     item = doc_item_from(obj, path)
     missing = [name for name in ("title", "summary") if not getattr(item, name)]
     if missing:
         raise AnswerError(f"the object has no usable {' or '.join(missing)} (non-empty strings are required)")
-    if author_paths:
-        item = DocItem(item.path, item.title, item.summary, item.tags, author_paths)
+    globs = author_paths or tuple(g for g in item.paths if supported_glob(g, evidence))
+    if globs != item.paths:
+        item = DocItem(item.path, item.title, item.summary, item.tags, globs)
     return item
+
+
+def supported_glob(glob: str, evidence: str) -> bool:
+    """Whether a proposed glob targets code files that ``evidence`` itself mentions (``**/*.tsx`` and ".tsx")."""
+    name = glob.rsplit("/", 1)[-1]
+    if "*" not in glob or "." not in name:
+        return False
+    ext = "." + name.rsplit(".", 1)[-1].casefold()
+    if ext in (".md", ".markdown", ".*", ".") or "*" in ext:
+        return False
+    return ext in evidence.casefold()
 
 
 def root_index(
@@ -89,7 +103,7 @@ def _fill_theme(item: ThemeItem, default: ThemeItem) -> ThemeItem:
         summary=item.summary or default.summary,
         tags=item.tags or default.tags,
         index_file=item.index_file,
-        paths=item.paths,
+        paths=default.paths,  # a theme is navigation, never conditional on the model's say-so
     )
 
 
@@ -99,6 +113,6 @@ def _fill_doc(item: DocItem, default: DocItem) -> DocItem:
         title=item.title or default.title,
         summary=item.summary or default.summary,
         tags=item.tags or default.tags,
-        # Author-written globs (frontmatter) win over the model's proposal.
-        paths=default.paths or item.paths,
+        # Root documents are overviews: only their author can make one conditional (frontmatter globs).
+        paths=default.paths,
     )

@@ -183,3 +183,28 @@ def test_sub_and_doc_steps_merge_into_the_theme_index(sample_kb: Path, fake_llm:
     assert (report.completed, report.total) == (6, 6)
     assert len(load(sample_kb / "billing" / "index.json")["documents"]) == 6
     assert report.cache_hits == 3  # the documents answered by the doc steps are not paid for again
+
+
+def test_globs_the_model_invents_are_dropped(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
+    def script(request: dict[str, Any]) -> Reply:
+        obj = good_root(request) if is_root(request) else good_doc(request)
+        for entry in obj.get("themes", []) + obj.get("documents", []) + [obj]:
+            entry["paths"] = ["**/*.tsx", "**/*.md"]
+        return Reply(json.dumps(obj, ensure_ascii=False))
+
+    fake_llm.script = script
+    kindex.reindex(sample_kb, llm_options)
+
+    conditional = []
+    for path in sample_kb.rglob("index.json"):
+        data = load(path)
+        conditional += [e.get("dir") or e["path"] for e in data["themes"] + data["documents"] if e.get("paths")]
+    assert conditional == ["前端组件编码规范.md"]  # only the page whose author wrote `paths:` frontmatter
+
+
+def test_a_proposed_glob_is_kept_when_the_document_names_that_file_type() -> None:
+    from kindex.sanitize import doc_entry
+
+    answer = {"title": "T", "summary": "S", "paths": ["src/**/*.vue", "**/*.md", "*", "docs/readme"]}
+    assert doc_entry(answer, "a.md", evidence="Rules for every .vue single-file component").paths == ("src/**/*.vue",)
+    assert doc_entry(answer, "a.md", evidence="How refunds work").paths == ()
