@@ -8,6 +8,7 @@ Retrieval (``build_context``) picks the documents a chat message is about and re
 from kindex.errors import (
     AnswerError,
     BusyError,
+    CancelledRun,
     IndexMissingError,
     InterruptedRun,
     KBNotFoundError,
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AnswerError",
     "BusyError",
+    "CancelledRun",
     "Completion",
     "Context",
     "ContextItem",

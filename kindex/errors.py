@@ -79,3 +79,9 @@ class InterruptedRun(KindexError):
     def __init__(self, message: str, report: object) -> None:
         super().__init__(message)
         self.report = report
+
+
+class CancelledRun(KindexError):
+    """A run was cancelled (HTTP ``DELETE /v1/tasks/{id}``, server shutdown); nothing was written after the cancel."""
+
+    code = "cancelled"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import extractive, retrieve
-from kindex.errors import AnswerError, InterruptedRun, UsageError
+from kindex.errors import AnswerError, CancelledRun, InterruptedRun, UsageError
 from kindex.generators import (
     Answer,
     GenerationFailed,
@@ -144,6 +145,8 @@ class Options:
     force: bool = False
     wait: float = 0.0
     on_progress: ProgressCallback | None = None
+    cancel: threading.Event | None = None
+    """Set it to stop the run: no model call is started and no file is written after that."""
 
     def check(self) -> None:
         if self.concurrency < 1:
@@ -324,8 +327,13 @@ class _Runner:
         if self.opts.on_progress is not None:
             self.opts.on_progress(Progress(step, self.report.completed, self.report.total, item))
 
+    def _check_cancel(self) -> None:
+        if self.opts.cancel is not None and self.opts.cancel.is_set():
+            raise CancelledRun("the run was cancelled; every index file is as it was before the cancel")
+
     def _write(self, path: Path, index: Index) -> None:
         """Replace ``path`` with ``index`` unless it already holds exactly that (readers then keep their cache)."""
+        self._check_cancel()
         data = index.to_json()
         try:
             if path.read_bytes() == data:
@@ -344,6 +352,7 @@ class _Runner:
                 self.report.cache_hits += 1
                 return Answer(cached)
         async with self.sem:
+            self._check_cancel()
             try:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
@@ -351,6 +360,7 @@ class _Runner:
                 self.report.failures.append(Failure(label, exc.message))
                 return None
         self.report.usage.merge(answer.usage)
+        self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:
             self.cache.put(key, answer.obj)
         return answer

@@ -1,0 +1,583 @@
+"""The HTTP service (SPEC §7): the reindex steps, BuildContext and tasks, for chat backends in any language.
+
+Each agent's KB is ``<kb-root>/<agent_id>/``. Every route but ``/healthz`` needs ``Authorization: Bearer <token>``
+when a token is configured; without one, ``kindex serve`` listens on loopback only. Long steps run as tasks in
+worker threads: ``wait=true`` (default) answers when the step is done, ``wait=false`` answers 202 with a task id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kindex import generate
+from kindex.errors import KindexError
+from kindex.llm import LLMSettings
+from kindex.model import INDEX_FILE, parse_index
+from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, build_context
+from kindex.scan import scan
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_BODY_BYTES = 256 * 1024
+TASKS_KEPT = 1000
+access_log = logging.getLogger("kindex.access")
+log = logging.getLogger("kindex.server")
+
+_STATUS = {
+    "invalid_request": 422,
+    "unauthorized": 401,
+    "kb_not_found": 404,
+    "not_a_theme": 404,
+    "path_not_in_theme": 404,
+    "not_found": 404,
+    "task_not_found": 404,
+    "method_not_allowed": 405,
+    "index_missing": 409,
+    "busy": 409,
+    "cancelled": 409,
+    "interrupted": 409,
+    "payload_too_large": 413,
+    "model_error": 502,
+    "internal_error": 500,
+}
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with the status of its code."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.extra = code, message, extra
+
+
+# -- request and response models (they are the OpenAPI schema) ---------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. kb_not_found, not_a_theme, busy.")
+    message: str = Field(description="What was wrong and what to do.")
+    task_id: str | None = Field(default=None, description="With `busy`: the task that holds the agent's KB.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class ProgressModel(BaseModel):
+    completed: int
+    total: int
+
+
+class FailureModel(BaseModel):
+    path: str
+    reason: str
+
+
+class RunReportModel(BaseModel):
+    step: str
+    generator: str = Field(description="`extractive` (offline) or `llm:<model>`.")
+    offline: bool
+    progress: ProgressModel
+    calls: int = Field(description="Model calls made.")
+    cache_hits: int = Field(description="Answers reused from the cache (not paid again).")
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None = Field(description="USD, when litellm knows the model's price.")
+    failures: list[FailureModel] = Field(description="Documents whose model answers failed; they got a stand-in.")
+    notes: list[str]
+    written: list[str] = Field(description="Index files replaced (KB-relative).")
+    wall_seconds: float
+
+
+class TaskModel(BaseModel):
+    id: str
+    agent_id: str
+    step: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    progress: ProgressModel
+    report: RunReportModel | None = None
+    error: ErrorBody | None = None
+    created_at: float
+    finished_at: float | None = None
+
+
+class SkippedModel(BaseModel):
+    path: str
+    reason: str
+
+
+class TokenEstimate(BaseModel):
+    prompt: int
+    completion: int
+    calls: int
+
+
+class PreviewModel(BaseModel):
+    kb: str
+    steps_total: int = Field(description="1 (root) + the number of theme documents.")
+    top_dirs: list[str]
+    top_dir_docs: dict[str, list[str]]
+    root_docs: list[str]
+    llm_configured: bool
+    model: str | None
+    skipped: list[SkippedModel]
+    warnings: list[SkippedModel]
+    estimated_tokens: TokenEstimate
+
+
+class SubRequest(BaseModel):
+    dir: str = Field(min_length=1, max_length=255, description="A theme: a first-level folder of the KB.")
+
+
+class DocRequest(BaseModel):
+    dir: str = Field(min_length=1, max_length=255)
+    path: str = Field(min_length=1, max_length=1024, description="The document's path relative to `dir`.")
+    clear_dir: bool = Field(default=False, description="Start `dir/index.json` afresh (the theme's first document).")
+
+
+class ContextRequest(BaseModel):
+    message: str = Field(max_length=20_000, description="The user's chat message.")
+    paths: list[str] = Field(default=[], max_length=50, description="Attachment paths (files the user works on).")
+    budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=50, le=200_000)
+    max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=50)
+
+
+class ContextItemModel(BaseModel):
+    path: str
+    level: str
+    score: float
+    title: str
+    abstract: str
+    reason: str = Field(description="`matched`, `scope glob <glob>` or `fallback`.")
+    matched: list[str]
+    truncated: bool
+    tokens: int
+
+
+class ContextModel(BaseModel):
+    text: str = Field(description="The prompt text: each chosen document under a header naming its path.")
+    items: list[ContextItemModel]
+    fallback: bool
+    reason: str
+    missing: list[str]
+    tokens: int
+    budget_tokens: int
+
+
+class EntryModel(BaseModel):
+    path: str
+    title: str
+    summary: str
+    tags: list[str]
+    paths: list[str] | None = None
+
+
+class ThemeModel(BaseModel):
+    dir: str
+    title: str
+    summary: str
+    tags: list[str]
+    index_file: str
+    paths: list[str] | None = None
+
+
+class IndexModel(BaseModel):
+    version: int
+    themes: list[ThemeModel]
+    documents: list[EntryModel]
+
+
+class HealthModel(BaseModel):
+    status: Literal["ok"]
+    running_tasks: int
+
+
+# -- tasks --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    """One generation step running (or run) in a worker thread."""
+
+    id: str
+    agent_id: str
+    step: str
+    state: str = "queued"
+    completed: int = 0
+    total: int = 0
+    report: generate.RunReport | None = None
+    error: ApiError | None = None
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "agent_id": self.agent_id,
+            "step": self.step,
+            "state": self.state,
+            "progress": {"completed": self.completed, "total": self.total},
+            "report": self.report.to_dict() if self.report else None,
+            "error": _error_body(self.error) if self.error else None,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+        }
+
+
+class Tasks:
+    """The server's tasks: at most one writer task per agent (a second one is refused with 409 ``busy``)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._running: dict[str, str] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        agent_id: str,
+        step: str,
+        body: Callable[[generate.Options], generate.RunReport],
+        options: generate.Options,
+    ) -> Task:
+        with self._lock:
+            holder = self._running.get(agent_id)
+            if holder is not None:
+                raise ApiError("busy", f"agent {agent_id!r} is being reindexed by task {holder}", task_id=holder)
+            task = Task(uuid.uuid4().hex, agent_id, step)
+            self._tasks[task.id] = task
+            self._running[agent_id] = task.id
+            self._forget_old()
+        opts = generate.Options(
+            llm=options.llm,
+            concurrency=options.concurrency,
+            on_progress=lambda p: self._progress(task, p),
+            cancel=task.cancel,
+        )
+        thread = threading.Thread(target=self._run, args=(task, body, opts), name=f"kindex-{step}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return task
+
+    @staticmethod
+    def _progress(task: Task, p: generate.Progress) -> None:
+        task.completed, task.total = p.completed, p.total
+
+    def _run(self, task: Task, body: Callable[[generate.Options], generate.RunReport], opts: generate.Options) -> None:
+        task.state = "running"
+        try:
+            task.report = body(opts)
+            task.completed, task.total = task.report.completed, task.report.total
+            task.state = "done"
+        except KindexError as exc:
+            task.error = ApiError(exc.code, exc.message)
+            task.state = "cancelled" if exc.code == "cancelled" else "failed"
+        except Exception:
+            log.exception("task %s (%s of agent %s) crashed", task.id, task.step, task.agent_id)
+            task.error = ApiError("internal_error", "the task failed on a server fault; see the server log")
+            task.state = "failed"
+        finally:
+            task.finished_at = time.time()
+            with self._lock:
+                if self._running.get(task.agent_id) == task.id:
+                    del self._running[task.agent_id]
+            task.done.set()
+
+    def get(self, task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise ApiError("task_not_found", f"no task {task_id!r} (tasks are kept until the server restarts)")
+        return task
+
+    def running(self) -> int:
+        return len(self._running)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""
+        for task in list(self._tasks.values()):
+            if not task.done.is_set():
+                task.cancel.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _forget_old(self) -> None:
+        finished = [t for t in self._tasks.values() if t.done.is_set()]
+        for t in sorted(finished, key=lambda t: t.created_at)[: max(0, len(self._tasks) - TASKS_KEPT)]:
+            del self._tasks[t.id]
+
+
+# -- the app ------------------------------------------------------------------------------------------------------
+
+
+def _error_body(err: ApiError) -> dict[str, Any]:
+    return {"code": err.code, "message": err.message, **err.extra}
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.code == "unauthorized" else None
+    return JSONResponse({"error": _error_body(err)}, status_code=_STATUS.get(err.code, 400), headers=headers)
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": desc}
+    for status, desc in (
+        (401, "Missing or wrong bearer token (`unauthorized`)."),
+        (404, "Unknown KB, theme, document or task."),
+        (409, "The agent's KB is busy, has no index, or the task was cancelled."),
+        (413, "Request body too large."),
+        (422, "Invalid request (`invalid_request`)."),
+        (502, "The model could not be used (`model_error`)."),
+    )
+}
+
+
+def create_app(
+    kb_root: str | Path,
+    *,
+    token: str | None = None,
+    llm: LLMSettings | None = None,
+    concurrency: int = generate.DEFAULT_CONCURRENCY,
+) -> FastAPI:
+    """The FastAPI application serving the KBs under ``kb_root`` (``<kb_root>/<agent_id>/``)."""
+    root = Path(kb_root).resolve()
+    settings = llm or LLMSettings.from_env()
+    tasks = Tasks()
+    base_options = generate.Options(llm=settings, concurrency=concurrency)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(tasks.shutdown)
+
+    app = FastAPI(
+        title="kindex",
+        version="0.1.0",
+        description="Two-layer index and retrieval over each agent's Markdown knowledge folder.",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.state.tasks = tasks
+
+    def authorize(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise ApiError("unauthorized", "send the API token as `Authorization: Bearer <token>`")
+
+    def agent_kb(agent_id: str) -> Path:
+        if not AGENT_ID.fullmatch(agent_id):
+            raise ApiError("invalid_request", "agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
+        kb = (root / agent_id).resolve()
+        if not kb.is_relative_to(root) or not kb.is_dir():
+            raise ApiError("kb_not_found", f"agent {agent_id!r} has no knowledge folder")
+        return kb
+
+    async def run_step(
+        agent_id: str, step: str, wait: bool, body: Callable[[Path, generate.Options], generate.RunReport]
+    ) -> Response:
+        kb = agent_kb(agent_id)
+        task = tasks.start(agent_id, step, lambda opts: body(kb, opts), base_options)
+        if not wait:
+            return JSONResponse(task.to_dict(), status_code=202, headers={"Location": f"/v1/tasks/{task.id}"})
+        await asyncio.get_running_loop().run_in_executor(None, task.done.wait)
+        if task.error is not None:
+            return _error_response(task.error)
+        assert task.report is not None
+        return JSONResponse(task.report.to_dict())
+
+    wait_param = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
+    knowledge = APIRouter(prefix="/v1/agents/{agent_id}/knowledge", dependencies=[Depends(authorize)])
+    step_responses: dict[int | str, dict[str, Any]] = {200: {"model": RunReportModel}, 202: {"model": TaskModel}}
+
+    @knowledge.get("/reindex/preview", response_model=PreviewModel, summary="Scan only: steps, themes, skipped")
+    def preview(agent_id: str) -> Any:
+        return generate.preview(agent_kb(agent_id), base_options).to_dict()
+
+    @knowledge.post("/reindex/root", responses=step_responses, summary="Write the root index.json")
+    async def reindex_root(agent_id: str, wait: bool = wait_param) -> Response:
+        return await run_step(agent_id, "root", wait, lambda kb, o: generate.root(kb, o))
+
+    @knowledge.post("/reindex/sub", responses=step_responses, summary="Write one theme's index.json")
+    async def reindex_sub(agent_id: str, body: SubRequest, wait: bool = wait_param) -> Response:
+        scan(agent_kb(agent_id)).theme_docs(body.dir)
+        return await run_step(agent_id, "sub", wait, lambda kb, o: generate.sub(kb, body.dir, o))
+
+    @knowledge.post("/reindex/sub/doc", responses=step_responses, summary="Merge one document's entry")
+    async def reindex_doc(agent_id: str, body: DocRequest, wait: bool = wait_param) -> Response:
+        scan(agent_kb(agent_id)).theme_doc(body.dir, body.path)
+        return await run_step(
+            agent_id, "doc", wait, lambda kb, o: generate.doc(kb, body.dir, body.path, o, clear_dir=body.clear_dir)
+        )
+
+    @knowledge.post("/reindex", responses=step_responses, summary="The whole pipeline")
+    async def reindex(agent_id: str, wait: bool = wait_param) -> Response:
+        return await run_step(agent_id, "reindex", wait, lambda kb, o: generate.reindex(kb, o))
+
+    @knowledge.post("/context", response_model=ContextModel, summary="BuildContext for one chat message")
+    def context(agent_id: str, body: ContextRequest) -> Any:
+        ctx = build_context(
+            agent_kb(agent_id), body.message, paths=body.paths, budget_tokens=body.budget_tokens, max_docs=body.max_docs
+        )
+        return ctx.to_dict()
+
+    @knowledge.get("/index", response_model=IndexModel, summary="The root index")
+    def root_index(agent_id: str) -> Any:
+        return _read_index(agent_kb(agent_id), None)
+
+    @knowledge.get("/index/{dir}", response_model=IndexModel, summary="One theme's index")
+    def theme_index(agent_id: str, dir: str) -> Any:
+        return _read_index(agent_kb(agent_id), dir)
+
+    app.include_router(knowledge)
+
+    tasks_router = APIRouter(prefix="/v1/tasks", dependencies=[Depends(authorize)])
+
+    @tasks_router.get("/{task_id}", response_model=TaskModel, summary="A task's state, progress and report")
+    def get_task(task_id: str) -> Any:
+        return tasks.get(task_id).to_dict()
+
+    @tasks_router.delete("/{task_id}", response_model=TaskModel, summary="Cancel a task")
+    def cancel_task(task_id: str) -> Any:
+        task = tasks.get(task_id)
+        task.cancel.set()
+        return task.to_dict()
+
+    app.include_router(tasks_router)
+
+    @app.get("/healthz", response_model=HealthModel, summary="Liveness (no token needed)")
+    def healthz() -> Any:
+        return {"status": "ok", "running_tasks": tasks.running()}
+
+    _install_handlers(app)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    return app
+
+
+def _read_index(kb: Path, dir_name: str | None) -> dict[str, Any]:
+    root_path = kb / INDEX_FILE
+    try:
+        root, _ = parse_index(root_path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        raise ApiError("index_missing", "this KB has no index yet: POST …/knowledge/reindex first") from None
+    if dir_name is None:
+        return root.to_dict()
+    if dir_name not in {t.dir for t in root.themes}:
+        raise ApiError("not_a_theme", f"{dir_name!r} is not a theme of this KB's index")
+    try:
+        sub, _ = parse_index((kb / dir_name / INDEX_FILE).read_bytes())
+    except (FileNotFoundError, ValueError):
+        raise ApiError("index_missing", f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
+    return sub.to_dict()
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(KindexError)
+    async def kindex_error(_: Request, exc: KindexError) -> JSONResponse:
+        return _error_response(ApiError(exc.code, exc.message))
+
+    @app.exception_handler(_TooLarge)
+    async def too_large(_: Request, exc: _TooLarge) -> JSONResponse:
+        return _error_response(_too_large(exc.limit))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return _error_response(ApiError("invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error_response(ApiError("internal_error", "internal error; see the server log"))
+
+    @app.middleware("http")
+    async def access(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        access_log.info(
+            orjson.dumps(
+                {
+                    "ts": round(time.time(), 3),
+                    "method": request.method,
+                    "path": request.url.path,
+                    "status": response.status_code,
+                    "ms": round((time.perf_counter() - started) * 1000, 2),
+                    "client": request.client.host if request.client else None,
+                }
+            ).decode()
+        )
+        return response
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
+
+class BodyLimit:
+    """Refuses request bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _error_response(_too_large(self.limit))(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError("payload_too_large", f"request body over {limit} bytes")
+
+
+class _TooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
