@@ -502,10 +502,6 @@ def _install_handlers(app: FastAPI) -> None:
     async def kindex_error(_: Request, exc: KindexError) -> JSONResponse:
         return _error_response(ApiError(exc.code, exc.message))
 
-    @app.exception_handler(_TooLarge)
-    async def too_large(_: Request, exc: _TooLarge) -> JSONResponse:
-        return _error_response(_too_large(exc.limit))
-
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
@@ -546,7 +542,11 @@ Message = MutableMapping[str, Any]
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length."""
+    """Refuses request bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length.
+
+    The body is read (up to the limit) before the app sees it, so an oversized chunked upload is refused as such
+    rather than surfacing as a parse error.
+    """
 
     def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
         self.app = app
@@ -560,24 +560,23 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await _error_response(_too_large(self.limit))(scope, receive, send)
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        messages: list[Message] = []
+        size = 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge(self.limit)
-            return message
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await _error_response(_too_large(self.limit))(scope, receive, send)
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
 
-        await self.app(scope, limited, send)
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError("payload_too_large", f"request body over {limit} bytes")
-
-
-class _TooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self.limit = limit

@@ -1,0 +1,194 @@
+"""The HTTP service, in process through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+import kindex
+from kindex import LLMSettings
+from kindex.server import MAX_BODY_BYTES, create_app
+from tests.conftest import SAMPLE_KB
+from tests.fakellm import FakeLLM, Reply, well_behaved
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BASE = "/v1/agents/agent1/knowledge"
+
+
+def call(app: FastAPI, method: str, url: str, *, auth: bool = True, **kw: Any) -> httpx.Response:
+    headers = {**(AUTH if auth else {}), **kw.pop("headers", {})}
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.request(method, url, headers=headers, **kw)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def kb_root(tmp_path: Path) -> Path:
+    root = tmp_path / "agents"
+    shutil.copytree(SAMPLE_KB, root / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    (root / "empty").mkdir()
+    return root
+
+
+@pytest.fixture
+def app(kb_root: Path) -> FastAPI:
+    return create_app(kb_root, token=TOKEN, llm=LLMSettings())
+
+
+def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
+    preview = call(app, "GET", f"{BASE}/reindex/preview")
+    assert preview.status_code == 200 and preview.json()["steps_total"] == 19
+
+    r = call(app, "POST", f"{BASE}/reindex/root")
+    assert r.status_code == 200 and r.json()["progress"] == {"completed": 1, "total": 1}
+    r = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"})
+    assert r.status_code == 200 and r.json()["progress"] == {"completed": 6, "total": 6}
+    r = call(app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "sync", "path": "离线模式.md", "clear_dir": True})
+    assert r.status_code == 200 and r.json()["written"] == ["sync/index.json"]
+    r = call(app, "POST", f"{BASE}/reindex")
+    assert r.status_code == 200 and r.json()["progress"] == {"completed": 19, "total": 19}
+    assert kindex.validate(kb_root / "agent1") == []
+
+    ctx = call(app, "POST", f"{BASE}/context", json={"message": "退款一般多久能到账", "budget_tokens": 500})
+    assert ctx.status_code == 200
+    body = ctx.json()
+    assert body["items"][0]["path"] == "billing/退款政策.md" and not body["fallback"] and body["tokens"] <= 500
+
+    assert call(app, "GET", f"{BASE}/index").json()["themes"][0]["dir"] == "account"
+    assert call(app, "GET", f"{BASE}/index/billing").json()["themes"] == []
+    assert call(app, "GET", "/healthz", auth=False).json() == {"status": "ok", "running_tasks": 0}
+
+
+def test_tasks_run_in_the_background_and_report_progress(app: FastAPI) -> None:
+    r = call(app, "POST", f"{BASE}/reindex", params={"wait": "false"})
+    assert r.status_code == 202 and r.headers["location"] == f"/v1/tasks/{r.json()['id']}"
+    task_id = r.json()["id"]
+    app.state.tasks.get(task_id).done.wait(60)
+
+    done = call(app, "GET", f"/v1/tasks/{task_id}").json()
+    assert done["state"] == "done" and done["progress"] == {"completed": 19, "total": 19}
+    assert done["report"]["generator"] == "extractive"
+    assert call(app, "GET", "/v1/tasks/nope").json()["error"]["code"] == "task_not_found"
+
+
+def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_root: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=1.0)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    task_id = call(app, "POST", f"{BASE}/reindex", params={"wait": "false"}).json()["id"]
+    fake_llm.wait_for_requests(2)
+
+    busy = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"})
+    assert busy.status_code == 409
+    assert busy.json()["error"] == {"code": "busy", "message": busy.json()["error"]["message"], "task_id": task_id}
+
+    cancelled = call(app, "DELETE", f"/v1/tasks/{task_id}")
+    assert cancelled.status_code == 200
+    app.state.tasks.get(task_id).done.wait(60)  # the answers in flight arrive after the cancel
+
+    state = call(app, "GET", f"/v1/tasks/{task_id}").json()
+    assert state["state"] == "cancelled" and state["error"]["code"] == "cancelled"
+    agent = kb_root / "agent1"
+    assert list(agent.rglob("index.json")) == []  # the late answers wrote nothing
+    assert not (agent / ".kindex" / "cache.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "status", "code"),
+    [
+        ("GET", "/v1/agents/nobody/knowledge/index", None, 404, "kb_not_found"),
+        ("GET", "/v1/agents/empty/knowledge/index", None, 409, "index_missing"),
+        ("GET", "/v1/agents/a.b/knowledge/index", None, 422, "invalid_request"),
+        ("GET", "/v1/agents/..%2F..%2Fetc/knowledge/index", None, 404, "not_found"),
+        ("GET", "/v1/agents/" + "a" * 65 + "/knowledge/index", None, 422, "invalid_request"),
+        ("GET", "/v1/agents/agent1%00/knowledge/index", None, 422, "invalid_request"),
+        ("GET", f"{BASE}/index/..", None, 404, "not_found"),
+        ("GET", f"{BASE}/index/%2Fetc", None, 404, "not_found"),
+        ("POST", f"{BASE}/reindex/sub", {"dir": "../.."}, 404, "not_a_theme"),
+        ("POST", f"{BASE}/reindex/sub", {"dir": "/etc"}, 404, "not_a_theme"),
+        ("POST", f"{BASE}/reindex/sub", {"dir": "billing/../account"}, 404, "not_a_theme"),
+        ("POST", f"{BASE}/reindex/sub", {"dir": "bill\u0000ing"}, 404, "not_a_theme"),
+        ("POST", f"{BASE}/reindex/sub/doc", {"dir": "billing", "path": "../导读.md"}, 404, "path_not_in_theme"),
+        ("POST", f"{BASE}/reindex/sub/doc", {"dir": "billing", "path": "/etc/passwd"}, 404, "path_not_in_theme"),
+        ("POST", f"{BASE}/reindex/sub/doc", {"dir": "billing", "path": "x" * 2000}, 422, "invalid_request"),
+        ("POST", f"{BASE}/reindex/sub", {"directory": "billing"}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": 1}, 422, "invalid_request"),
+        ("GET", "/v1/nowhere", None, 404, "not_found"),
+    ],
+)
+def test_hostile_and_wrong_requests_get_stable_json_errors(
+    app: FastAPI, method: str, url: str, body: Any, status: int, code: str
+) -> None:
+    r = call(app, method, url, json=body)
+    assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+    assert "Traceback" not in r.text
+
+
+def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path: Path, app: FastAPI) -> None:
+    outside = tmp_path / "outside"
+    shutil.copytree(SAMPLE_KB, outside)
+    (kb_root / "evil").symlink_to(outside, target_is_directory=True)
+    r = call(app, "GET", "/v1/agents/evil/knowledge/reindex/preview")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "kb_not_found"
+
+
+def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        r = call(app, "GET", f"{BASE}/reindex/preview", auth=False, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert call(app, "GET", "/v1/tasks/x", auth=False).status_code == 401
+    assert call(app, "GET", "/healthz", auth=False).status_code == 200
+
+
+def test_request_bodies_are_size_limited(app: FastAPI) -> None:
+    big = json.dumps({"message": "x" * (MAX_BODY_BYTES + 10)})
+    r = call(app, "POST", f"{BASE}/context", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+    async def chunks() -> Any:  # no Content-Length: the limit still holds
+        for _ in range(20):
+            yield b"x" * (MAX_BODY_BYTES // 10)
+
+    r = call(app, "POST", f"{BASE}/context", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_a_server_fault_is_a_500_without_a_stack_trace(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: Any, **kw: Any) -> None:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(kindex.generate, "preview", boom)
+    r = call(app, "GET", f"{BASE}/reindex/preview")
+    assert r.status_code == 500
+    assert r.json() == {"error": {"code": "internal_error", "message": "internal error; see the server log"}}
+
+
+def test_context_never_imports_litellm(kb_root: Path) -> None:
+    kindex.reindex(kb_root / "agent1")
+    probe = (
+        "import sys, asyncio, httpx\n"
+        "from kindex.server import create_app\n"
+        "app = create_app(sys.argv[1])\n"
+        "async def go():\n"
+        "    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url='http://t') as c:\n"
+        "        r = await c.post('/v1/agents/agent1/knowledge/context', json={'message': '退款多久到账'})\n"
+        "        assert r.status_code == 200, r.text\n"
+        "asyncio.run(go())\n"
+        "print('litellm' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(kb_root)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
