@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import os
 import random
 import time
@@ -100,6 +101,8 @@ def import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # its INFO lines would flood a server's log
     litellm.suppress_debug_info = True
     litellm.drop_params = True
     return litellm

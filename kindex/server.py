@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from kindex import generate
 from kindex.errors import KindexError
@@ -342,6 +343,7 @@ def _error_response(err: ApiError) -> JSONResponse:
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": desc}
     for status, desc in (
+        (400, "Malformed request body (`invalid_request`)."),
         (401, "Missing or wrong bearer token (`unauthorized`)."),
         (404, "Unknown KB, theme, document or task."),
         (409, "The agent's KB is busy, has no index, or the task was cancelled."),
@@ -509,9 +511,19 @@ def _install_handlers(app: FastAPI) -> None:
         return _error_response(ApiError("invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; a path can have several (GET, DELETE).
+            methods: set[str] = set()
+            for route in request.app.router.routes:
+                if route.matches(request.scope)[0] != Match.NONE:
+                    methods |= getattr(route, "methods", None) or set()
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse(
+            {"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code, headers=headers
+        )
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:

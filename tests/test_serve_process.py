@@ -1,0 +1,102 @@
+"""`kindex serve` as a real process on 127.0.0.1, driven over the network."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import kindex
+from tests.conftest import REPO, SAMPLE_KB
+from tests.fakellm import FakeLLM, Reply, well_behaved
+
+TOKEN = "process-token"
+
+
+def start(kb_root: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kindex.cli", "serve", "--kb-root", str(kb_root), "--port", "0"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "KINDEX_API_TOKEN": TOKEN, **env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # uvicorn announces the port it bound: that is the readiness signal
+        m = re.search(r"running on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)
+    raise AssertionError(f"server exited with {proc.wait()}")
+
+
+@pytest.fixture
+def kb_root(tmp_path: Path) -> Path:
+    root = tmp_path / "agents"
+    shutil.copytree(SAMPLE_KB, root / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    return root
+
+
+@pytest.fixture
+def server(kb_root: Path, fake_llm: FakeLLM) -> Iterator[tuple[subprocess.Popen[str], httpx.Client]]:
+    proc, url = start(kb_root, {"KINDEX_MODEL": "openai/fake", "KINDEX_API_BASE": fake_llm.url})
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    try:
+        yield proc, client
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait()
+
+
+def test_reindex_and_context_over_the_network(
+    server: tuple[subprocess.Popen[str], httpx.Client], kb_root: Path
+) -> None:
+    _, client = server
+    r = client.post("/v1/agents/agent1/knowledge/reindex")
+    assert r.status_code == 200, r.text
+    assert r.json()["calls"] == 19 and r.json()["generator"] == "llm:openai/fake"
+    assert kindex.validate(kb_root / "agent1") == []
+
+    r = client.post("/v1/agents/agent1/knowledge/context", json={"message": "发票开错了怎么红冲", "paths": []})
+    assert r.status_code == 200 and r.json()["items"][0]["path"] == "billing/发票开具.md"
+    assert client.get("/docs").status_code == 200
+    assert httpx.get(f"{client.base_url}/v1/agents/agent1/knowledge/index").status_code == 401
+
+
+def test_sigterm_cancels_running_tasks_and_leaves_the_index_valid(
+    server: tuple[subprocess.Popen[str], httpx.Client], kb_root: Path, fake_llm: FakeLLM
+) -> None:
+    proc, client = server
+    assert client.post("/v1/agents/agent1/knowledge/reindex").status_code == 200  # a complete index first
+    (kb_root / "agent1" / "sync" / "离线模式.md").write_text("# 离线模式\n\n改过了。\n", encoding="utf-8")
+    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=2.0)
+    fake_llm.requests.clear()
+    task = client.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()
+    assert task["state"] in ("queued", "running")
+    fake_llm.wait_for_requests(1)
+
+    proc.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status still says SIGTERM.
+    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert proc.stderr is not None and "Application shutdown complete" in proc.stderr.read()
+    assert kindex.validate(kb_root / "agent1") == []
+    assert list((kb_root / "agent1").rglob("*.tmp")) == []
+
+
+def test_without_a_token_it_refuses_to_listen_beyond_loopback(kb_root: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KINDEX_API_TOKEN"}
+    r = subprocess.run(
+        [sys.executable, "-m", "kindex.cli", "serve", "--kb-root", str(kb_root), "--host", "0.0.0.0"],
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "refusing to listen on 0.0.0.0 without KINDEX_API_TOKEN" in r.stderr
