@@ -10,7 +10,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import orjson
 from kindex.errors import IndexMissingError, KBNotFoundError, UsageError
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.model import INDEX_FILE, DocItem, parse_index
-from kindex.scan import clean_body, split_frontmatter
+from kindex.scan import clean_body, strip_frontmatter
 from kindex.store import STATE_DIR
 from kindex.tables import Table
 from kindex.tokenize import estimate_tokens, is_weak, normalize, terms
@@ -352,14 +352,18 @@ def _query(message: str) -> _Query:
 @dataclass(slots=True)
 class _Hit:
     entry: _Entry
+    idx: int  # row in the tables; -1 for an overview document outside the index
     score: float
-    matched: list[str]
     reason: str
 
 
-def _matched(loaded: _Loaded, q: _Query, idx: int) -> list[str]:
+def _matched(loaded: _Loaded, q: _Query, idx: int) -> tuple[str, ...]:
+    """The question's strong terms that document ``idx`` holds (computed only for the hits returned)."""
+    if idx < 0:
+        return ()
     body = loaded.body
-    return sorted(t for t in q.strong if loaded.docs.holds(t, idx) or (body is not None and body.holds(t, idx)))
+    held = (t for t in q.strong if loaded.docs.holds(t, idx) or (body is not None and body.holds(t, idx)))
+    return tuple(sorted(held))
 
 
 def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
@@ -393,13 +397,13 @@ def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
             for idx in top.tolist():
                 entry = loaded.entries[idx]
                 weak_gain = sum(_WEAK_WEIGHT for ch in q.weak if ch in entry.blob)
-                hits.append(_Hit(entry, final_of[idx] + weak_gain, _matched(loaded, q, idx), "matched"))
+                hits.append(_Hit(entry, idx, final_of[idx] + weak_gain, "matched"))
     if scope:
         for idx in np.nonzero(loaded.conditional)[0].tolist():
             entry = loaded.entries[idx]
             glob = any_match(entry.globs, scope)
             if glob is not None:
-                hits.append(_Hit(entry, 0.0, _matched(loaded, q, idx), f"scope glob {glob}"))
+                hits.append(_Hit(entry, idx, 0.0, f"scope glob {glob}"))
     # Rules for the files the user is working on come first: the message is about those files.
     hits.sort(key=lambda h: (h.reason == "matched", -h.score, h.entry.path))
     return hits
@@ -418,8 +422,10 @@ def _read_original(kb: Path, rel: str) -> str | None:
         text = real.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    _, body, _ = split_frontmatter(text.removeprefix("\ufeff"))
-    return clean_body(body).strip()
+    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()
+
+
+_BOUNDARY = re.compile(r"\n\s*\n|\n(?=#{1,6} )")
 
 
 def cut_to_budget(text: str, budget_tokens: int) -> str | None:
@@ -430,11 +436,13 @@ def cut_to_budget(text: str, budget_tokens: int) -> str | None:
     if estimate_tokens(text) <= budget_tokens:
         return text
     best: str | None = None
-    for m in re.finditer(r"\n\s*\n|\n(?=#{1,6} )", text):
-        prefix = text[: m.start()].rstrip()
-        if estimate_tokens(prefix) > budget_tokens:
+    used, start = 0, 0
+    for m in _BOUNDARY.finditer(text):
+        used += estimate_tokens(text[start : m.start()])  # counted piece by piece: linear, not quadratic
+        start = m.start()
+        if used > budget_tokens:
             break
-        best = prefix
+        best = text[: m.start()].rstrip()
     return best or None
 
 
@@ -447,11 +455,18 @@ def search(
     """
     loaded = _CACHE.get(_kb_root(kb))
     scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
+    q = _query(message)
     return [
         ContextItem(
-            h.entry.path, h.entry.level, h.score, h.entry.item.title, h.entry.item.summary, h.reason, tuple(h.matched)
+            h.entry.path,
+            h.entry.level,
+            h.score,
+            h.entry.item.title,
+            h.entry.item.summary,
+            h.reason,
+            _matched(loaded, q, h.idx),
         )
-        for h in _rank(loaded, _query(message), scope)[:limit]
+        for h in _rank(loaded, q, scope)[:limit]
     ]
 
 
@@ -484,7 +499,8 @@ def build_context(
     root = _kb_root(kb)
     loaded = _CACHE.get(root)
     scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
-    hits = _rank(loaded, _query(message), scope)
+    q = _query(message)
+    hits = _rank(loaded, q, scope)
     fallback = not any(h.reason == "matched" for h in hits)
     reason = "matched the question" if not fallback else "no document matched the question: overview documents"
     if fallback:
@@ -495,16 +511,26 @@ def build_context(
                 item = DocItem(name, Path(name).stem, "")
                 entry = _Entry(name, "document", item, None, (), "")
             if entry is not None and all(h.entry.path != name for h in hits):
-                hits.append(_Hit(entry, 0.0, [], "fallback"))
-    return _assemble(root, hits[:max_docs], fallback, reason, budget_tokens)
+                hits.append(_Hit(entry, -1, 0.0, "fallback"))
+    return _assemble(root, hits, max_docs, fallback, reason, budget_tokens, lambda h: _matched(loaded, q, h.idx))
 
 
-def _assemble(root: Path, hits: list[_Hit], fallback: bool, reason: str, budget: int) -> Context:
+def _assemble(
+    root: Path,
+    hits: list[_Hit],
+    max_docs: int,
+    fallback: bool,
+    reason: str,
+    budget: int,
+    matched: Callable[[_Hit], tuple[str, ...]],
+) -> Context:
     parts: list[str] = []
     items: list[ContextItem] = []
     missing: list[str] = []
     used = 0
     for hit in hits:
+        if len(items) >= max_docs:
+            break
         text = _read_original(root, hit.entry.path)
         if text is None:
             missing.append(hit.entry.path)
@@ -519,11 +545,13 @@ def _assemble(root: Path, hits: list[_Hit], fallback: bool, reason: str, budget:
             mark = _TRUNCATION_MARK.format(path=hit.entry.path)
             body = cut_to_budget(text, room - estimate_tokens(mark))
             if body is None:
-                continue
+                break  # not even its first paragraph fits: the budget is spent
             body += mark
             truncated = True
         chunk = header + body
         used += estimate_tokens(chunk) + 1
+        if truncated:
+            used = budget  # the cut document is the last one
         parts.append(chunk)
         e = hit.entry
         items.append(
@@ -534,7 +562,7 @@ def _assemble(root: Path, hits: list[_Hit], fallback: bool, reason: str, budget:
                 e.item.title,
                 e.item.summary,
                 hit.reason,
-                tuple(hit.matched),
+                matched(hit),
                 truncated,
                 estimate_tokens(chunk),
             )

@@ -249,6 +249,12 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
     return {str(k): v for k, v in meta.items()}, body, None
 
 
+def strip_frontmatter(text: str) -> str:
+    """The text without its frontmatter block (not parsed: for serving a document, not for reading it)."""
+    m = _FRONTMATTER.match(text)
+    return text if m is None else text[m.end() :]
+
+
 def clean_body(body: str) -> str:
     """The body without HTML comments (licence headers and the like) and long runs of blank lines."""
     return _BLANK_RUNS.sub("\n\n", _HTML_COMMENT.sub("", body))
