@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def start(cmd: list[str], env: dict[str, str], pattern: str) -> tuple[subprocess
     for line in stream:
         m = re.search(pattern, line)
         if m:
+            # Keep draining (the access log goes to stderr): a full pipe would stall the server.
+            threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()
             return proc, m.group(1)
     raise SystemExit(f"{cmd[2:4]} exited with {proc.wait()}")
 
