@@ -366,7 +366,7 @@ def _matched(loaded: _Loaded, q: _Query, idx: int) -> tuple[str, ...]:
     return tuple(sorted(held))
 
 
-def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
+def _rank(loaded: _Loaded, q: _Query, scope: list[str], candidates: int = _CANDIDATES) -> list[_Hit]:
     n = len(loaded.entries)
     hits: list[_Hit] = []
     if n and q.strong:
@@ -392,7 +392,7 @@ def _rank(loaded: _Loaded, q: _Query, scope: list[str]) -> list[_Hit]:
             t_scores = np.zeros(len(loaded.themes) + 1, dtype=np.float32)  # the extra slot serves root documents
             loaded.theme_table.score(q.strong, t_scores)
             final = scores[cand] + _THEME_PRIOR * t_scores[loaded.theme_of[cand]]
-            top = cand[np.lexsort((loaded.path_rank[cand], -final))][:_CANDIDATES]
+            top = cand[np.lexsort((loaded.path_rank[cand], -final))][:candidates]
             final_of = dict(zip(cand.tolist(), final.tolist(), strict=True))
             for idx in top.tolist():
                 entry = loaded.entries[idx]
@@ -447,16 +447,24 @@ def cut_to_budget(text: str, budget_tokens: int) -> str | None:
 
 
 def search(
-    kb: str | os.PathLike[str], message: str, *, paths: Sequence[str] = (), limit: int = 10
+    kb: str | os.PathLike[str],
+    message: str,
+    *,
+    paths: Sequence[str] = (),
+    limit: int | None = 10,
+    themes: bool = False,
 ) -> list[ContextItem]:
-    """The ranked documents for ``message`` (best first, at most ``limit``) without reading their text.
+    """The ranked entries for ``message`` (best first, at most ``limit``; ``None``: all) without reading files.
 
-    Empty when nothing relevant matched (where :func:`build_context` would fall back).
+    Documents only, unless ``themes``: then theme entries that share at least two strong terms with the message
+    rank among them (``level`` says which). Empty when nothing relevant matched (where :func:`build_context`
+    would fall back).
     """
     loaded = _CACHE.get(_kb_root(kb))
     scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
     q = _query(message)
-    return [
+    hits = _rank(loaded, q, scope, candidates=len(loaded.entries) if limit is None else max(limit, _CANDIDATES))
+    items = [
         ContextItem(
             h.entry.path,
             h.entry.level,
@@ -466,8 +474,28 @@ def search(
             h.reason,
             _matched(loaded, q, h.idx),
         )
-        for h in _rank(loaded, q, scope)[:limit]
+        for h in hits
     ]
+    if themes and loaded.themes:
+        t_scores = np.zeros(len(loaded.themes), dtype=np.float32)
+        loaded.theme_table.score(q.strong, t_scores)
+        for i in np.nonzero(t_scores > 0)[0].tolist():
+            entry = loaded.themes[i]
+            matched = tuple(sorted(t for t in q.strong if loaded.theme_table.holds(t, i)))
+            if len(matched) >= MIN_MATCHED_TERMS or items:
+                items.append(
+                    ContextItem(
+                        entry.path,
+                        "theme",
+                        float(t_scores[i]),
+                        entry.item.title,
+                        entry.item.summary,
+                        "matched",
+                        matched,
+                    )
+                )
+        items.sort(key=lambda it: (-it.score, it.path))
+    return items if limit is None else items[:limit]
 
 
 def _kb_root(kb: str | os.PathLike[str]) -> Path:

@@ -29,11 +29,13 @@ def env_for(server: FakeLLM | None) -> dict[str, str]:
 
 
 def assert_files_conform(kb: Path) -> None:
-    """Every index file on disk parses and conforms; a theme index may be missing, never half-written."""
+    """Every index file on disk parses and conforms; a theme index may be missing, never half-written.
+
+    A kill in the middle of a write may leave a `.index.json.*.tmp` beside the file: it is a dot-file (never
+    scanned or read) and the next writer removes it.
+    """
     for problem in kindex.validate(kb):
         assert problem.endswith("missing (run `kindex reindex`)"), problem
-    for path in kb.rglob("*.tmp"):
-        raise AssertionError(f"temporary file left behind: {path}")
 
 
 def cached_answers(kb: Path) -> int:
@@ -134,6 +136,7 @@ def test_sigkill_at_any_point_leaves_valid_files_and_the_rerun_pays_only_the_res
     assert report.ok and report.cache_hits == paid and report.usage.calls == 19 - paid
     assert len(fake_llm.requests) == 19 - paid
     assert kindex.validate(sample_kb) == []
+    assert list(sample_kb.rglob("*.tmp")) == []  # what the kill left half-written was cleaned up
 
 
 def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM) -> None:
@@ -153,3 +156,4 @@ def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM)
     assert "kindex: interrupted after " in err and "run the same command again to finish" in err
     assert "Traceback" not in err
     assert_files_conform(sample_kb)
+    assert list(sample_kb.rglob("*.tmp")) == []
