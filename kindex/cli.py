@@ -387,5 +387,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=30)
 
 
+from kindex.commands import skills as _skills_commands  # noqa: E402,F401  (registers `find` and `skills`)
+
 if __name__ == "__main__":
     main()

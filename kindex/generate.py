@@ -372,6 +372,9 @@ class _Runner:
         if counted:
             self.report.total = 1
         previous = read_index(root_index_path(s.kb)) or Index()
+        from kindex import skills  # a skill library's themes are its skills' own frontmatter
+
+        authored = {sk.folder: sk.theme_item() for sk in skills.load_skills(s.kb)[0].values() if sk.folder in s.themes}
         theme_defaults: dict[str, ThemeItem] = {}
         for name, docs in s.themes.items():
             old = next((t for t in previous.themes if t.dir == name), None)
@@ -383,6 +386,9 @@ class _Runner:
         else:
             index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
             self.report.notes.extend(f"index.json: {n}" for n in notes)
+        if authored:
+            themes = tuple(authored.get(t.dir, t) for t in index.themes)
+            index = Index(themes=themes, documents=index.documents).sorted()
         self._write(root_index_path(s.kb), index)
         self._tick("root", "index.json")
 

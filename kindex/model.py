@@ -18,6 +18,8 @@ INDEX_FILE = "index.json"
 
 TITLE_MAX = 80
 SUMMARY_MAX = 400
+# A theme's summary may be a skill's description, which Agent Skills allows up to 1024 characters.
+THEME_SUMMARY_MAX = 1024
 TAG_MAX = 32
 TAGS_MAX = 12
 GLOB_MAX = 200
@@ -184,7 +186,7 @@ def theme_item_from(obj: Mapping[str, Any], dir_name: str) -> ThemeItem:
     return ThemeItem(
         dir=dir_name,
         title=clean_text(obj.get("title"), TITLE_MAX),
-        summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
+        summary=clean_text(obj.get("summary") or obj.get("description"), THEME_SUMMARY_MAX),
         tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
         paths=clean_globs(obj.get("paths")),
     )

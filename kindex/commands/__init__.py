@@ -1,0 +1,1 @@
+"""Command groups of the ``kindex`` CLI that live outside ``kindex.cli``."""

@@ -1,0 +1,597 @@
+"""Skill packages (SPEC §8): Agent Skills folders as a KB whose themes are skills.
+
+A skill is a first-level folder holding ``SKILL.md`` whose YAML frontmatter names it (``name``) and says what it is
+for (``description``). Its theme entry is that frontmatter, verbatim; every Markdown file of the package gets a
+document entry, so a capability written in ``reference/backup.md`` is found. Search returns one best hit per
+skill. Packages move in and out as ZIP files, checked before anything touches the KB, and a workspace can be
+synced with only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import orjson
+
+from kindex import generate
+from kindex.errors import KindexError, UsageError
+from kindex.lock import write_lock
+from kindex.model import INDEX_FILE, ThemeItem, clean_tags, clean_text
+from kindex.retrieve import search
+from kindex.scan import split_frontmatter
+from kindex.store import STATE_DIR, atomic_write
+
+SKILL_FILE = "SKILL.md"
+NAME = re.compile(r"^[a-z0-9-]{1,64}$")
+DESCRIPTION_MAX = 1024
+MANIFEST = ".sync-manifest.json"
+DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
+DEFAULT_MAX_ZIP_FILES = 2000
+_OVERVIEW_NAMES = ("readme.md", "index.md", "overview.md")
+
+
+class SkillError(KindexError):
+    """A skill package breaks a rule (its message names the file and the rule)."""
+
+    code = "invalid_skill"
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    """One skill's frontmatter, as its author wrote it."""
+
+    name: str
+    description: str
+    folder: str
+    tags: tuple[str, ...] = ()
+    allowed_tools: tuple[str, ...] = ()
+    skill_dependencies: tuple[str, ...] = ()
+    tool_dependencies: tuple[str, ...] = ()
+    mcp_dependencies: tuple[str, ...] = ()
+
+    def theme_item(self) -> ThemeItem:
+        """The skill's theme entry: name and description verbatim (never the model's words)."""
+        return ThemeItem(
+            dir=self.folder,
+            title=clean_text(self.name, 80),
+            summary=clean_text(self.description, DESCRIPTION_MAX),
+            tags=clean_tags([*self.tags, *self.allowed_tools], limit=24),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    file: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.rule}"
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[,\s]+", value) if v]
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(str(v).strip() for v in value if isinstance(v, str | int) and str(v).strip())
+
+
+def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_name: str | None = None) -> Skill | None:
+    """The skill in ``folder``, or ``None`` (with the reasons appended to ``problems``) when it breaks a rule.
+
+    ``folder_name`` is the name the folder will have (for a package still being unpacked elsewhere).
+    """
+    problems = [] if problems is None else problems
+    folder_name = folder_name or folder.name
+    rel = f"{folder_name}/{SKILL_FILE}"
+    try:
+        text = (folder / SKILL_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(rel, f"cannot be read as UTF-8 ({exc.__class__.__name__})"))
+        return None
+    meta, _, broken = split_frontmatter(text.removeprefix("\ufeff"))
+    if broken or not meta:
+        problems.append(Problem(rel, broken or "has no YAML frontmatter (--- name: … description: … ---)"))
+        return None
+    before = len(problems)
+    name, description = meta.get("name"), meta.get("description")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        problems.append(Problem(rel, "name must be 1 to 64 characters of a-z, 0-9 and -"))
+    elif name != folder_name:
+        problems.append(Problem(rel, f"name {name!r} must equal the folder name {folder_name!r}"))
+    if not isinstance(description, str) or not 1 <= len(description.strip()) <= DESCRIPTION_MAX:
+        problems.append(Problem(rel, f"description must be 1 to {DESCRIPTION_MAX} characters"))
+    if len(problems) > before:
+        return None
+    raw_metadata = meta.get("metadata")
+    metadata: Mapping[str, Any] = raw_metadata if isinstance(raw_metadata, Mapping) else {}
+    assert isinstance(name, str) and isinstance(description, str)
+    return Skill(
+        name=name,
+        description=description.strip(),
+        folder=folder_name,
+        tags=_strings(meta.get("tags") or metadata.get("tags")),
+        allowed_tools=_strings(meta.get("allowed-tools") or meta.get("allowed_tools")),
+        skill_dependencies=_strings(meta.get("skill_dependencies")),
+        tool_dependencies=_strings(meta.get("tool_dependencies")),
+        mcp_dependencies=_strings(meta.get("mcp_dependencies")),
+    )
+
+
+def skill_folders(kb: Path) -> list[Path]:
+    """First-level folders of ``kb`` that hold a ``SKILL.md``."""
+    if not kb.is_dir():
+        return []
+    return sorted(p for p in kb.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / SKILL_FILE).is_file())
+
+
+def is_skill_library(kb: Path) -> bool:
+    return bool(skill_folders(kb))
+
+
+def load_skills(kb: str | os.PathLike[str]) -> tuple[dict[str, Skill], list[Problem]]:
+    """The valid skills of a library by name, and every rule broken (frontmatter and dependencies)."""
+    problems: list[Problem] = []
+    skills: dict[str, Skill] = {}
+    for folder in skill_folders(Path(kb)):
+        skill = read_skill(folder, problems)
+        if skill is not None:
+            skills[skill.name] = skill
+    for skill in skills.values():
+        rel = f"{skill.folder}/{SKILL_FILE}"
+        for dep in skill.skill_dependencies:
+            if dep == skill.name:
+                problems.append(Problem(rel, "a skill cannot depend on itself"))
+            elif dep not in skills:
+                problems.append(Problem(rel, f"skill_dependencies names an unknown skill {dep!r}"))
+    return skills, problems
+
+
+def validate_skills(kb: str | os.PathLike[str]) -> list[Problem]:
+    """Every Agent Skills rule the library breaks, with the file."""
+    return load_skills(kb)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Closure:
+    """What loading a skill brings: its dependencies (transitively, in order) and their tools and MCP servers."""
+
+    skills: tuple[str, ...]
+    tools: tuple[str, ...]
+    mcp: tuple[str, ...]
+
+
+def closure(skills: Mapping[str, Skill], name: str) -> Closure:
+    """The dependency closure of ``name``: depth-first, de-duplicated, order-preserving, safe against cycles."""
+    order: list[str] = []
+    seen = {name}
+    stack = list(reversed(skills[name].skill_dependencies)) if name in skills else []
+    while stack:
+        dep = stack.pop()
+        if dep in seen or dep not in skills:
+            continue
+        seen.add(dep)
+        order.append(dep)
+        stack.extend(reversed(skills[dep].skill_dependencies))
+    tools: list[str] = []
+    mcp: list[str] = []
+    for s in [name, *order]:
+        if s in skills:
+            tools += [t for t in skills[s].tool_dependencies if t not in tools]
+            mcp += [m for m in skills[s].mcp_dependencies if m not in mcp]
+    return Closure(tuple(order), tuple(tools), tuple(mcp))
+
+
+def package_files(folder: Path) -> list[tuple[str, Path]]:
+    """The files that make up a skill package, as (relative path, file), in a stable order.
+
+    Index files and hidden files are kindex's own or the author's scratch; symbolic links are never followed.
+    """
+    out = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if path.is_symlink() or not path.is_file() or path.name == INDEX_FILE:
+            continue
+        if not any(part.startswith(".") for part in rel.parts):
+            out.append((rel.as_posix(), path))
+    return out
+
+
+# -- search -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SkillHit:
+    """A skill and the entry of it that best matched the query."""
+
+    name: str
+    description: str
+    root_uri: str
+    skill_md_uri: str
+    uri: str
+    level: int
+    score: float
+    abstract: str
+    dependencies: Closure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "root_uri": self.root_uri,
+            "skill_md_uri": self.skill_md_uri,
+            "uri": self.uri,
+            "level": self.level,
+            "score": round(self.score, 4),
+            "abstract": self.abstract,
+            "skill_dependencies": list(self.dependencies.skills),
+            "tool_dependencies": list(self.dependencies.tools),
+            "mcp_dependencies": list(self.dependencies.mcp),
+        }
+
+
+def level_of(uri: str) -> int:
+    """0 for the skill itself (its entry, SKILL.md), 1 for a folder overview (README/index), 2 for other files."""
+    parts = uri.split("/")
+    if len(parts) == 1 or parts[1:] == [SKILL_FILE]:
+        return 0
+    return 1 if parts[-1].casefold() in _OVERVIEW_NAMES else 2
+
+
+def find_skills(
+    kb: str | os.PathLike[str], query: str, *, limit: int = 10, levels: Iterable[int] | None = None
+) -> list[SkillHit]:
+    """The ``limit`` skills that best match ``query``, each once, with its single best entry.
+
+    Every entry is scored (skill summaries, folder overviews, files); a ``levels`` filter applies before the
+    grouping; skills are ordered by their best score (ties by uri).
+    """
+    if limit < 1:
+        raise UsageError(f"limit must be at least 1, got {limit}")
+    wanted = set(levels) if levels is not None else {0, 1, 2}
+    skills, _ = load_skills(kb)
+    by_folder = {s.folder: s for s in skills.values()}
+    best: dict[str, SkillHit] = {}
+    for item in search(kb, query, limit=None, themes=True):
+        folder = item.path.split("/", 1)[0]
+        skill = by_folder.get(folder)
+        level = level_of(item.path)
+        if skill is None or level not in wanted:
+            continue
+        hit = SkillHit(
+            name=skill.name,
+            description=skill.description,
+            root_uri=f"{folder}/",
+            skill_md_uri=f"{folder}/{SKILL_FILE}",
+            uri=item.path if item.level != "theme" else f"{folder}/",
+            level=level,
+            score=item.score,
+            abstract=item.abstract,
+            dependencies=closure(skills, skill.name),
+        )
+        current = best.get(skill.name)
+        if current is None or (hit.score, current.uri) > (current.score, hit.uri):
+            best[skill.name] = hit
+    ranked = sorted(best.values(), key=lambda h: (-h.score, h.uri))
+    return ranked[:limit]
+
+
+# -- ZIP import and export ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    name: str
+    replaced: bool
+    renamed_from: str | None
+    files: int
+    report: generate.RunReport | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "replaced": self.replaced,
+            "renamed_from": self.renamed_from,
+            "files": self.files,
+            "report": self.report.to_dict() if self.report else None,
+        }
+
+
+def _zip_members(
+    archive: zipfile.ZipFile, max_bytes: int, max_files: int
+) -> tuple[list[tuple[zipfile.ZipInfo, str]], str]:
+    """The archive's files (member, path inside the skill) and the skill folder prefix, after every check."""
+    infos = [i for i in archive.infolist() if not i.is_dir()]
+    if len(infos) > max_files:
+        raise SkillError(f"archive: {len(infos)} files, more than the limit of {max_files}")
+    declared = sum(i.file_size for i in infos)
+    if declared > max_bytes:
+        raise SkillError(f"archive: unpacks to {declared} bytes, more than the limit of {max_bytes}")
+    seen: set[str] = set()
+    names: list[tuple[zipfile.ZipInfo, PurePosixPath]] = []
+    for info in infos:
+        raw = info.filename
+        mode = info.external_attr >> 16
+        if "\x00" in raw or raw.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", raw):
+            raise SkillError(f"archive: {raw!r} is an absolute path")
+        path = PurePosixPath(raw.replace("\\", "/"))
+        if ".." in path.parts:
+            raise SkillError(f"archive: {raw!r} climbs out of the package (..)")
+        if stat.S_ISLNK(mode):
+            raise SkillError(f"archive: {raw!r} is a symbolic link")
+        kind = stat.S_IFMT(mode)  # many archivers store permission bits only: no type means a plain file
+        if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+            raise SkillError(f"archive: {raw!r} is a device, pipe or socket, not a file")
+        key = str(path).casefold()
+        if key in seen:
+            raise SkillError(f"archive: {raw!r} appears twice")
+        seen.add(key)
+        names.append((info, path))
+    roots = [p for _, p in names if p.name == SKILL_FILE]
+    top = [p for p in roots if len(p.parts) <= 2]
+    if not top:
+        raise SkillError(f"archive: no {SKILL_FILE} at its top or in its single top folder")
+    prefix = str(top[0].parent) if len(top[0].parts) == 2 else ""
+    members = []
+    for info, path in names:
+        if prefix and path.parts[0] != prefix:
+            raise SkillError(f"archive: {info.filename!r} is outside the skill folder {prefix!r} (one skill per ZIP)")
+        inner = PurePosixPath(*path.parts[1:]) if prefix else path
+        if any(part.startswith(".") for part in inner.parts) or inner.name == INDEX_FILE:
+            continue  # hidden files and index files are kindex's to write
+        members.append((info, str(inner)))
+    return members, prefix
+
+
+def _extract(
+    archive: zipfile.ZipFile, members: Sequence[tuple[zipfile.ZipInfo, str]], dest: Path, max_bytes: int
+) -> None:
+    total = 0
+    for info, inner in members:
+        target = dest / inner
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(info) as src, target.open("wb") as out:
+            while chunk := src.read(1 << 16):
+                total += len(chunk)  # counted as written: a header that lies about sizes does not get past
+                if total > max_bytes:
+                    raise SkillError(f"archive: unpacks to more than the limit of {max_bytes} bytes")
+                out.write(chunk)
+
+
+def _set_name(skill_md: Path, name: str) -> None:
+    text = skill_md.read_text(encoding="utf-8")
+    new, count = re.subn(r"(?m)^(name:\s*)['\"]?[^\n'\"]*['\"]?\s*$", rf"\g<1>{name}", text, count=1)
+    if not count:
+        raise SkillError(f"{SKILL_FILE}: cannot rewrite its name to {name!r}")
+    skill_md.write_text(new, encoding="utf-8")
+
+
+def import_skill(
+    kb: str | os.PathLike[str],
+    package: str | os.PathLike[str] | bytes,
+    *,
+    replace: bool = False,
+    options: generate.Options | None = None,
+    max_bytes: int = DEFAULT_MAX_ZIP_BYTES,
+    max_files: int = DEFAULT_MAX_ZIP_FILES,
+) -> ImportResult:
+    """Install a one-skill ZIP into the library ``kb`` and index it.
+
+    The archive is checked and unpacked into a temporary folder first; only a valid skill is moved into place. A
+    name already taken becomes ``NAME-v2`` (``-v3`` …, its ``SKILL.md`` rewritten to match) unless ``replace``:
+    then the old package is backed up, replaced and re-indexed, and restored with its index entries if anything
+    fails.
+    """
+    root = Path(kb).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    opts = options or generate.Options()
+    data = package if isinstance(package, bytes) else Path(package).read_bytes()
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise SkillError("archive: not a ZIP file") from None
+    with archive, write_lock(root, "skills import", wait=opts.wait):
+        members, _ = _zip_members(archive, max_bytes, max_files)
+        work = root / STATE_DIR / "import"
+        work.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="skill-", dir=work))
+        try:
+            _extract(archive, members, staging, max_bytes)
+            problems: list[Problem] = []
+            staged = _read_staged(staging, problems)
+            if staged is None:
+                raise SkillError("; ".join(str(p).replace(staging.name + "/", "") for p in problems))
+            name, renamed_from = staged.name, None
+            if (root / name).exists() and not replace:
+                version = 2
+                while (root / f"{name}-v{version}").exists():
+                    version += 1
+                renamed_from, name = name, f"{name}-v{version}"
+                _set_name(staging / SKILL_FILE, name)
+            replaced = (root / name).exists()
+            report = _install(root, staging, name, opts)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return ImportResult(name, replaced, renamed_from, len(members), report)
+
+
+def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
+    """The unpacked skill, checked as if its folder were already named after it."""
+    meta, _, _ = split_frontmatter((staging / SKILL_FILE).read_text(encoding="utf-8", errors="replace"))
+    name = meta.get("name")
+    return read_skill(staging, problems, folder_name=name if isinstance(name, str) and name else "(unnamed)")
+
+
+def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> generate.RunReport:
+    """Move ``staging`` into ``root/name`` and index it; on any failure put back what was there."""
+    target = root / name
+    backup_dir = root / STATE_DIR / "backup" / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+    saved_root_index = (root / INDEX_FILE).read_bytes() if (root / INDEX_FILE).exists() else None
+    had_old = target.exists()
+    if had_old:
+        backup_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(target, backup_dir)
+    try:
+        os.replace(staging, target)
+        return _reindex_skill(root, name, opts)
+    except BaseException as exc:
+        shutil.rmtree(target, ignore_errors=True)
+        if had_old:
+            os.replace(backup_dir, target)  # its own index.json comes back with it
+        if saved_root_index is not None:
+            atomic_write(root / INDEX_FILE, saved_root_index)
+        elif (root / INDEX_FILE).exists():
+            (root / INDEX_FILE).unlink()
+        if isinstance(exc, KindexError):
+            raise SkillError(f"installing {name!r} failed and the previous state was restored: {exc.message}") from exc
+        raise
+    finally:
+        if had_old and backup_dir.exists() and target.exists():
+            shutil.rmtree(backup_dir, ignore_errors=True)
+
+
+def _reindex_skill(root: Path, name: str, opts: generate.Options) -> generate.RunReport:
+    report = generate.sub(root, name, opts)  # the KB lock is already this thread's: taking it again is free
+    generate.root(root, opts)
+    return report
+
+
+def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[str] | None = None) -> bytes:
+    """The skill ``name`` as a ZIP (``name/…``, index files and hidden files left out); written to ``out`` if given."""
+    folder = Path(kb).resolve() / name
+    if not NAME.fullmatch(name) or not (folder / SKILL_FILE).is_file():
+        raise SkillError(f"no skill named {name!r} in {kb}")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for rel, path in package_files(folder):
+            info = zipfile.ZipInfo(f"{name}/{rel}", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, path.read_bytes())
+    data = buf.getvalue()
+    if out is not None:
+        atomic_write(Path(out).resolve(), data)
+    return data
+
+
+def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Options | None = None) -> None:
+    """Remove the skill ``name`` and its entries (the root index is rewritten without it)."""
+    root = Path(kb).resolve()
+    folder = root / name
+    if not NAME.fullmatch(name) or not (folder / SKILL_FILE).is_file():
+        raise SkillError(f"no skill named {name!r} in {kb}")
+    opts = options or generate.Options()
+    with write_lock(root, "skills delete", wait=opts.wait):
+        trash = root / STATE_DIR / "trash" / f"{name}-{os.getpid()}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(folder, trash)  # atomic: the skill is gone at once for readers
+        generate.root(root, opts)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# -- workspace sync -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    synced: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    removed: tuple[str, ...]
+    manifest: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "synced": list(self.synced),
+            "unchanged": list(self.unchanged),
+            "removed": list(self.removed),
+            "manifest": self.manifest,
+        }
+
+
+def skill_version(folder: Path) -> str:
+    """A content hash of the package: every file's relative path and bytes (index and hidden files excluded)."""
+    digest = hashlib.sha256()
+    for rel, path in package_files(folder):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def sync_skills(
+    src: str | os.PathLike[str],
+    dest: str | os.PathLike[str] | None,
+    *,
+    only: Sequence[str] = (),
+    zip_out: str | os.PathLike[str] | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> SyncResult:
+    """Copy the selected skills of library ``src`` into workspace ``dest`` (or into one ZIP), sending only changes.
+
+    ``dest/.sync-manifest.json`` records ``syncedAt`` and each skill's ``name`` and ``version`` (content hash). The
+    next sync copies only skills whose version changed, deletes skills no longer selected and lists them in
+    ``removed``. Each skill is swapped in whole (copied beside, then renamed), and the manifest is written last,
+    so an interrupted sync leaves the previous skills intact. With ``zip_out`` the changed skills and the manifest
+    go into that ZIP instead (``previous`` is then the manifest the remote side holds).
+    """
+    skills, problems = load_skills(src)
+    unknown = [n for n in only if n not in skills]
+    if unknown:
+        raise SkillError(f"no skill named {', '.join(map(repr, unknown))} in {src}")
+    selected = sorted(only) if only else sorted(skills)
+    src_root = Path(src).resolve()
+    dest_root = Path(dest).resolve() if dest is not None else None
+    if previous is None and dest_root is not None and (dest_root / MANIFEST).exists():
+        previous = orjson.loads((dest_root / MANIFEST).read_bytes())
+    before = {s["name"]: s["version"] for s in (previous or {}).get("skills", []) if isinstance(s, dict)}
+    versions = {name: skill_version(src_root / skills[name].folder) for name in selected}
+    changed = [n for n in selected if before.get(n) != versions[n] or (dest_root and not (dest_root / n).is_dir())]
+    removed = sorted(set(before) - set(selected))
+    manifest = {
+        "syncedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "skills": [{"name": n, "version": versions[n]} for n in selected],
+        "removed": removed,
+    }
+    if zip_out is not None:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in changed:
+                for rel, path in package_files(src_root / skills[name].folder):
+                    archive.writestr(f"{name}/{rel}", path.read_bytes())
+            archive.writestr(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        atomic_write(Path(zip_out).resolve(), buf.getvalue())
+    if dest_root is not None:
+        dest_root.mkdir(parents=True, exist_ok=True)
+        for name in changed:
+            _swap_in(src_root / skills[name].folder, dest_root, name)
+        for name in removed:
+            if NAME.fullmatch(name) and (dest_root / name).is_dir():
+                shutil.rmtree(dest_root / name)
+        atomic_write(dest_root / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    del problems  # invalid skills are simply not synced; `kindex skills validate` reports them
+    return SyncResult(tuple(changed), tuple(n for n in selected if n not in changed), tuple(removed), manifest)
+
+
+def _swap_in(source: Path, dest_root: Path, name: str) -> None:
+    fresh = dest_root / f".sync-new-{name}"
+    old = dest_root / f".sync-old-{name}"
+    shutil.rmtree(fresh, ignore_errors=True)
+    for rel, path in package_files(source):
+        (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, fresh / rel)
+    target = dest_root / name
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(fresh, target)
+    shutil.rmtree(old, ignore_errors=True)

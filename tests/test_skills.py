@@ -1,0 +1,273 @@
+"""Skill libraries: validation, whole-package indexing, per-skill search, ZIP import/export, deps, sync."""
+
+from __future__ import annotations
+
+import io
+import stat
+import warnings
+import zipfile
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+import kindex
+from kindex import skills
+from kindex.cli import main
+from kindex.errors import KindexError
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def skill_md(name: str, description: str, extra: str = "") -> str:
+    return f"---\nname: {name}\ndescription: {description}\n{extra}---\n# {name}\n\n{description}\n"
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Path:
+    kb = tmp_path / "skills"
+    write(
+        kb / "data-services" / "SKILL.md",
+        skill_md(
+            "data-services",
+            "Manage data services.",
+            "skill_dependencies: [auth-helper]\ntool_dependencies: [psql]\nmcp_dependencies: [db-mcp]\n"
+            "metadata:\n  tags: [database]\nallowed-tools: Bash Read\n",
+        ),
+    )
+    write(
+        kb / "data-services" / "reference" / "backup.md",
+        "# Cross-region backup and restore\n\nTake snapshots, replicate them to another region and restore a "
+        "database from a snapshot in a different region after an outage.\n",
+    )
+    write(kb / "data-services" / "reference" / "README.md", "# Reference\n\nDetailed guides for the data services.\n")
+    write(
+        kb / "auth-helper" / "SKILL.md",
+        skill_md(
+            "auth-helper",
+            "Authenticate against internal services with tokens.",
+            "skill_dependencies: [data-services, vault-helper]\ntool_dependencies: [vault, psql]\n",
+        ),
+    )
+    write(
+        kb / "vault-helper" / "SKILL.md",
+        skill_md("vault-helper", "Read secrets from the vault.", "mcp_dependencies: [vault-mcp]\n"),
+    )
+    write(kb / "pdf-tools" / "SKILL.md", skill_md("pdf-tools", "Create, merge and edit PDF documents."))
+    write(kb / "pdf-tools" / "examples" / "SKILL.md", "# Not a skill\n\nAn example SKILL.md inside a package.\n")
+    kindex.reindex(kb)
+    return kb
+
+
+def make_zip(files: dict[str, str | bytes], *, modes: dict[str, int] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate names some tests need
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, data in files.items():
+                info = zipfile.ZipInfo(name.split("#dup")[0])
+                info.compress_type = zipfile.ZIP_DEFLATED
+                mode = (modes or {}).get(name)
+                if mode is not None:
+                    info.external_attr = mode << 16
+                z.writestr(info, data)
+    return buf.getvalue()
+
+
+def test_validation_names_the_file_and_the_rule(library: Path) -> None:
+    write(library / "Bad_Skill" / "SKILL.md", skill_md("Bad_Skill", "x"))
+    write(library / "other" / "SKILL.md", skill_md("different", "x"))
+    write(library / "loner" / "SKILL.md", skill_md("loner", "x", "skill_dependencies: [loner, ghost]\n"))
+    write(library / "nofront" / "SKILL.md", "# no frontmatter\n")
+
+    problems = [str(p) for p in skills.validate_skills(library)]
+
+    assert "Bad_Skill/SKILL.md: name must be 1 to 64 characters of a-z, 0-9 and -" in problems
+    assert "other/SKILL.md: name 'different' must equal the folder name 'other'" in problems
+    assert "loner/SKILL.md: a skill cannot depend on itself" in problems
+    assert "loner/SKILL.md: skill_dependencies names an unknown skill 'ghost'" in problems
+    assert any(p.startswith("nofront/SKILL.md: has no YAML frontmatter") for p in problems)
+    result = CliRunner().invoke(main, ["skills", "validate", str(library)])
+    assert result.exit_code == 1 and "loner/SKILL.md: a skill cannot depend on itself" in result.stdout
+
+
+def test_every_file_is_indexed_and_the_skill_entry_is_its_frontmatter(library: Path) -> None:
+    root = orjson.loads((library / "index.json").read_bytes())
+    data = next(t for t in root["themes"] if t["dir"] == "data-services")
+    assert (data["title"], data["summary"]) == ("data-services", "Manage data services.")
+    assert data["tags"] == ["database", "Bash", "Read"]
+    pdf = orjson.loads((library / "pdf-tools" / "index.json").read_bytes())
+    assert sorted(d["path"] for d in pdf["documents"]) == ["SKILL.md", "examples/SKILL.md"]
+    assert kindex.validate(library) == []
+
+
+def test_a_capability_written_only_in_a_reference_file_is_found(library: Path) -> None:
+    hits = skills.find_skills(library, "how do I restore a backup in another region")
+
+    assert hits[0].name == "data-services"
+    assert hits[0].uri == "data-services/reference/backup.md" and hits[0].level == 2
+    assert (hits[0].root_uri, hits[0].skill_md_uri) == ("data-services/", "data-services/SKILL.md")
+    assert hits[0].description == "Manage data services."
+    assert len({h.name for h in hits}) == len(hits)  # one hit per skill
+    deps = hits[0].dependencies
+    assert deps.skills == ("auth-helper", "vault-helper")  # transitive, cycle back to data-services ignored
+    assert deps.tools == ("psql", "vault") and deps.mcp == ("db-mcp", "vault-mcp")
+
+
+def test_limit_counts_skills_and_levels_filter_before_grouping(library: Path) -> None:
+    query = "data services backup restore region snapshot"
+    assert [h.name for h in skills.find_skills(library, query, limit=1)] == ["data-services"]
+    summaries = skills.find_skills(library, query, levels=[0])
+    assert summaries and all(h.level == 0 for h in summaries) and summaries[0].name == "data-services"
+    assert summaries[0].uri in ("data-services/", "data-services/SKILL.md")
+    result = CliRunner().invoke(main, ["find", str(library), query, "--json", "--level", "2"])
+    assert result.exit_code == 0
+    assert [h["uri"] for h in orjson.loads(result.stdout)][0] == "data-services/reference/backup.md"
+
+
+def test_import_installs_indexes_and_renames_on_conflict(library: Path, tmp_path: Path) -> None:
+    package = make_zip(
+        {
+            "csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files."),
+            "csv-tools/guide/encoding.md": "# Encodings\n\nFix GBK and UTF-8 mojibake in CSV files.\n",
+        }
+    )
+    result = skills.import_skill(library, package)
+    assert (result.name, result.replaced, result.renamed_from, result.files) == ("csv-tools", False, None, 2)
+    assert skills.find_skills(library, "fix mojibake encoding in csv files")[0].uri == "csv-tools/guide/encoding.md"
+
+    again = skills.import_skill(library, package)
+    assert (again.name, again.renamed_from) == ("csv-tools-v2", "csv-tools")
+    assert "name: csv-tools-v2" in (library / "csv-tools-v2" / "SKILL.md").read_text(encoding="utf-8")
+    assert skills.import_skill(library, package).name == "csv-tools-v3"
+    assert skills.validate_skills(library) == [] and kindex.validate(library) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "modes", "message"),
+    [
+        ({"../evil/SKILL.md": "x"}, None, "climbs out of the package"),
+        ({"/etc/SKILL.md": "x"}, None, "is an absolute path"),
+        ({"C:/x/SKILL.md": "x"}, None, "is an absolute path"),
+        ({"s/SKILL.md": "x", "s/link": "/etc/passwd"}, {"s/link": stat.S_IFLNK | 0o777}, "is a symbolic link"),
+        ({"s/SKILL.md": "x", "s/dev": ""}, {"s/dev": stat.S_IFCHR | 0o644}, "is a device, pipe or socket"),
+        ({"s/SKILL.md": "x", "s/a.md": "1", "s/a.md#dup": "2"}, None, "appears twice"),
+        ({"s/a.md": "no skill here"}, None, "no SKILL.md"),
+        ({"a/SKILL.md": "x", "b/SKILL.md": "y"}, None, "one skill per ZIP"),
+        ({"s/SKILL.md": "---\nname: Bad Name\ndescription: x\n---\n"}, None, "name must be 1 to 64 characters"),
+    ],
+)
+def test_hostile_or_broken_archives_are_refused_and_touch_nothing(
+    library: Path, files: dict[str, str], modes: dict[str, int] | None, message: str
+) -> None:
+    before = sorted(p.name for p in library.iterdir())
+    with pytest.raises(skills.SkillError, match=message):
+        skills.import_skill(library, make_zip(files, modes=modes))
+    assert sorted(p.name for p in library.iterdir()) == before
+    assert not (library.parent / "evil").exists()
+    staging = library / ".kindex" / "import"
+    assert not staging.exists() or list(staging.iterdir()) == []
+
+
+def test_a_zip_bomb_is_refused_before_it_fills_the_disk(library: Path) -> None:
+    bomb = make_zip({"s/SKILL.md": skill_md("s", "x"), "s/zeros.md": b"\0" * (2 * 1024 * 1024)})
+    assert len(bomb) < 50_000
+    with pytest.raises(skills.SkillError, match="more than the limit of 1000000"):
+        skills.import_skill(library, bomb, max_bytes=1_000_000)
+    many = make_zip({"s/SKILL.md": skill_md("s", "x"), **{f"s/{i}.md": "x" for i in range(30)}})
+    with pytest.raises(skills.SkillError, match="31 files, more than the limit of 20"):
+        skills.import_skill(library, many, max_files=20)
+
+
+def test_a_failed_replace_restores_the_old_package_and_its_entries(
+    library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_files = sorted(p.relative_to(library).as_posix() for p in (library / "pdf-tools").rglob("*"))
+    old_root = (library / "index.json").read_bytes()
+    package = make_zip({"pdf-tools/SKILL.md": skill_md("pdf-tools", "A new PDF skill."), "pdf-tools/new.md": "# new"})
+
+    def failing_sub(*args: object, **kw: object) -> None:
+        raise KindexError("model exploded while indexing")
+
+    monkeypatch.setattr(kindex.generate, "sub", failing_sub)
+    with pytest.raises(
+        skills.SkillError,
+        match="installing 'pdf-tools' failed and the previous state was restored: model exploded while indexing",
+    ):
+        skills.import_skill(library, package, replace=True)
+
+    assert sorted(p.relative_to(library).as_posix() for p in (library / "pdf-tools").rglob("*")) == old_files
+    assert (library / "index.json").read_bytes() == old_root
+    assert kindex.validate(library) == []
+    monkeypatch.undo()
+
+    result = skills.import_skill(library, package, replace=True)
+    assert result.replaced and not (library / "pdf-tools" / "examples").exists()
+    pdf = orjson.loads((library / "pdf-tools" / "index.json").read_bytes())
+    assert sorted(d["path"] for d in pdf["documents"]) == ["SKILL.md", "new.md"]  # no stale entry
+    assert kindex.validate(library) == []
+
+
+def test_export_and_delete(library: Path, tmp_path: Path) -> None:
+    out = tmp_path / "data.zip"
+    result = CliRunner().invoke(main, ["skills", "export", str(library), "data-services", "-o", str(out)])
+    assert result.exit_code == 0
+    names = sorted(zipfile.ZipFile(out).namelist())
+    assert names == ["data-services/SKILL.md", "data-services/reference/README.md", "data-services/reference/backup.md"]
+
+    CliRunner().invoke(main, ["skills", "delete", str(library), "data-services"])
+    assert not (library / "data-services").exists()
+    root = orjson.loads((library / "index.json").read_bytes())
+    assert "data-services" not in [t["dir"] for t in root["themes"]]
+    assert all(h.name != "data-services" for h in skills.find_skills(library, "restore a backup in another region"))
+
+    back = skills.import_skill(library, out.read_bytes())
+    assert back.name == "data-services" and skills.find_skills(library, "restore backup region")[0].name == back.name
+
+
+def test_sync_sends_only_changes_and_lists_removed_skills(library: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "workspace"
+    first = skills.sync_skills(library, dest)
+    assert first.synced == ("auth-helper", "data-services", "pdf-tools", "vault-helper") and first.removed == ()
+    manifest = orjson.loads((dest / ".sync-manifest.json").read_bytes())
+    assert {s["name"] for s in manifest["skills"]} == set(first.synced) and "syncedAt" in manifest
+    assert not (dest / "pdf-tools" / "index.json").exists()
+
+    write(library / "pdf-tools" / "SKILL.md", skill_md("pdf-tools", "Create, merge, split and edit PDF documents."))
+    second = skills.sync_skills(library, dest)
+    assert second.synced == ("pdf-tools",) and len(second.unchanged) == 3
+
+    third = skills.sync_skills(library, dest, only=["pdf-tools", "data-services"], zip_out=tmp_path / "sync.zip")
+    assert third.removed == ("auth-helper", "vault-helper") and not (dest / "auth-helper").exists()
+    assert orjson.loads((dest / ".sync-manifest.json").read_bytes())["removed"] == ["auth-helper", "vault-helper"]
+    assert zipfile.ZipFile(tmp_path / "sync.zip").namelist() == [".sync-manifest.json"]  # nothing changed
+
+
+def test_an_interrupted_sync_leaves_the_previous_skills_intact(
+    library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "workspace"
+    skills.sync_skills(library, dest)
+    before = {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    write(library / "data-services" / "reference" / "backup.md", "# Changed\n\nnew text\n")
+    write(library / "pdf-tools" / "SKILL.md", skill_md("pdf-tools", "Changed too."))
+    calls = 0
+    real = skills.shutil.copyfile
+
+    def dying_copy(src: object, dst: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(skills.shutil, "copyfile", dying_copy)
+    with pytest.raises(OSError, match="No space left"):
+        skills.sync_skills(library, dest)
+
+    after = {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    assert {k: v for k, v in after.items() if not k.startswith(".sync-new-")} == before
