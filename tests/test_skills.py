@@ -126,7 +126,7 @@ def test_limit_counts_skills_and_levels_filter_before_grouping(library: Path) ->
     assert summaries[0].uri in ("data-services/", "data-services/SKILL.md")
     result = CliRunner().invoke(main, ["find", str(library), query, "--json", "--level", "2"])
     assert result.exit_code == 0
-    assert [h["uri"] for h in orjson.loads(result.stdout)][0] == "data-services/reference/backup.md"
+    assert orjson.loads(result.stdout)[0]["uri"] == "data-services/reference/backup.md"
 
 
 def test_import_installs_indexes_and_renames_on_conflict(library: Path, tmp_path: Path) -> None:
