@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 import re
+import tempfile
 import threading
 import time
 import uuid
@@ -18,17 +19,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from kindex import generate
+from kindex import generate, skills
 from kindex.errors import KindexError
 from kindex.llm import LLMSettings
 from kindex.model import INDEX_FILE, parse_index
@@ -37,6 +38,7 @@ from kindex.scan import scan
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_BODY_BYTES = 256 * 1024
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # skill ZIP uploads; what they unpack to is limited separately
 TASKS_KEPT = 1000
 access_log = logging.getLogger("kindex.access")
 log = logging.getLogger("kindex.server")
@@ -55,6 +57,7 @@ _STATUS = {
     "cancelled": 409,
     "interrupted": 409,
     "payload_too_large": 413,
+    "invalid_skill": 422,
     "model_error": 502,
     "internal_error": 500,
 }
@@ -204,6 +207,43 @@ class IndexModel(BaseModel):
     version: int
     themes: list[ThemeModel]
     documents: list[EntryModel]
+
+
+class FindRequest(BaseModel):
+    query: str = Field(max_length=20_000)
+    limit: int = Field(default=10, ge=1, le=200, description="Distinct skills to return.")
+    levels: list[Annotated[int, Field(strict=True, ge=0, le=2)]] | None = Field(
+        default=None, description="Only hits of these levels: 0 skill summary, 1 folder overview, 2 file."
+    )
+
+
+class SkillHitModel(BaseModel):
+    name: str
+    description: str
+    root_uri: str
+    skill_md_uri: str
+    uri: str = Field(description="KB-relative path of the best-matching entry of this skill.")
+    level: int
+    score: float
+    abstract: str
+    skill_dependencies: list[str] = Field(description="Transitive skill dependencies, in load order.")
+    tool_dependencies: list[str]
+    mcp_dependencies: list[str]
+
+
+class ImportModel(BaseModel):
+    name: str
+    replaced: bool
+    renamed_from: str | None
+    files: int
+    report: RunReportModel | None
+
+
+class SyncRequest(BaseModel):
+    only: list[str] = Field(default=[], max_length=1000, description="Skills to include (default: all).")
+    manifest: dict[str, Any] | None = Field(
+        default=None, description="The `.sync-manifest.json` the client holds: only changed skills are sent."
+    )
 
 
 class HealthModel(BaseModel):
@@ -461,6 +501,7 @@ def create_app(
         return _read_index(agent_kb(agent_id), dir)
 
     app.include_router(knowledge)
+    app.include_router(_skills_router(agent_kb, base_options, authorize))
 
     tasks_router = APIRouter(prefix="/v1/tasks", dependencies=[Depends(authorize)])
 
@@ -483,6 +524,63 @@ def create_app(
     _install_handlers(app)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     return app
+
+
+def _skills_router(
+    agent_kb: Callable[[str], Path], base_options: generate.Options, authorize: Callable[[Request], None]
+) -> APIRouter:
+    router = APIRouter(prefix="/v1/agents/{agent_id}/skills", dependencies=[Depends(authorize)])
+
+    def library(agent_id: str) -> Path:
+        kb = agent_kb(agent_id)
+        if not skills.is_skill_library(kb):
+            raise ApiError("kb_not_found", f"agent {agent_id!r} has no skill library (no folder with a SKILL.md)")
+        return kb
+
+    @router.post("/find", response_model=list[SkillHitModel], summary="Skills matching a query, one hit each")
+    def find(agent_id: str, body: FindRequest) -> Any:
+        hits = skills.find_skills(library(agent_id), body.query, limit=body.limit, levels=body.levels)
+        return [h.to_dict() for h in hits]
+
+    @router.post("/import", response_model=ImportModel, summary="Install a one-skill ZIP (multipart `file`)")
+    def import_skill(
+        agent_id: str,
+        file: UploadFile = File(description="The skill package (.zip)."),  # noqa: B008 - FastAPI's idiom
+        replace: bool = Query(False, description="Replace a skill of the same name instead of adding NAME-v2."),
+    ) -> Any:
+        kb = agent_kb(agent_id)
+        return skills.import_skill(kb, file.file.read(), replace=replace, options=base_options).to_dict()
+
+    @router.get(
+        "/{name}/export",
+        response_class=Response,
+        responses={200: {"content": {"application/zip": {}}, "description": "The skill as a ZIP."}},
+        summary="Download a skill as a ZIP",
+    )
+    def export_skill(agent_id: str, name: str) -> Response:
+        data = skills.export_skill(library(agent_id), name)
+        headers = {"Content-Disposition": f'attachment; filename="{name}.zip"'}
+        return Response(data, media_type="application/zip", headers=headers)
+
+    @router.delete("/{name}", status_code=204, response_class=Response, summary="Remove a skill and its entries")
+    def delete_skill(agent_id: str, name: str) -> Response:
+        skills.delete_skill(library(agent_id), name, base_options)
+        return Response(status_code=204)
+
+    @router.post(
+        "/sync",
+        response_class=Response,
+        responses={200: {"content": {"application/zip": {}}, "description": "Changed skills and the manifest."}},
+        summary="Sync package for a remote workspace",
+    )
+    def sync_package(agent_id: str, body: SyncRequest) -> Response:
+        kb = library(agent_id)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "sync.zip"
+            skills.sync_skills(kb, None, only=body.only, zip_out=out, previous=body.manifest or {})
+            return Response(out.read_bytes(), media_type="application/zip")
+
+    return router
 
 
 def _read_index(kb: Path, dir_name: str | None) -> dict[str, Any]:
@@ -575,9 +673,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = MAX_UPLOAD_BYTES if str(scope.get("path", "")).endswith("/skills/import") else self.limit
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await _error_response(_too_large(self.limit))(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _error_response(_too_large(limit))(scope, receive, send)
             return
         messages: list[Message] = []
         size = 0
@@ -585,8 +684,8 @@ class BodyLimit:
             message = await receive()
             messages.append(message)
             size += len(message.get("body", b""))
-            if size > self.limit:
-                await _error_response(_too_large(self.limit))(scope, receive, send)
+            if size > limit:
+                await _error_response(_too_large(limit))(scope, receive, send)
                 return
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break

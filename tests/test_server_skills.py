@@ -1,0 +1,64 @@
+"""The skill routes of the HTTP service."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from kindex import LLMSettings
+from kindex.server import MAX_UPLOAD_BYTES, create_app
+from tests.test_server import TOKEN, call
+from tests.test_skills import library, make_zip, skill_md  # noqa: F401  (library is a fixture)
+
+BASE = "/v1/agents/lib/skills"
+
+
+@pytest.fixture
+def app(library: Path, tmp_path: Path) -> FastAPI:  # noqa: F811
+    root = tmp_path / "agents"
+    root.mkdir()
+    shutil.move(str(library), root / "lib")
+    return create_app(root, token=TOKEN, llm=LLMSettings())
+
+
+def test_find_import_export_delete_and_sync(app: FastAPI) -> None:
+    hits = call(app, "POST", f"{BASE}/find", json={"query": "restore a backup in another region", "limit": 2})
+    assert hits.status_code == 200
+    assert hits.json()[0]["uri"] == "data-services/reference/backup.md"
+    assert hits.json()[0]["skill_dependencies"] == ["auth-helper", "vault-helper"]
+
+    package = make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files.")})
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", package, "application/zip")})
+    assert r.status_code == 200 and r.json()["name"] == "csv-tools"
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", package, "application/zip")})
+    assert r.json()["name"] == "csv-tools-v2" and r.json()["renamed_from"] == "csv-tools"
+
+    exported = call(app, "GET", f"{BASE}/csv-tools/export")
+    assert exported.status_code == 200 and exported.headers["content-type"] == "application/zip"
+    assert zipfile.ZipFile(io.BytesIO(exported.content)).namelist() == ["csv-tools/SKILL.md"]
+
+    assert call(app, "DELETE", f"{BASE}/csv-tools-v2").status_code == 204
+    assert call(app, "GET", f"{BASE}/csv-tools-v2/export").json()["error"]["code"] == "invalid_skill"
+
+    sync = call(app, "POST", f"{BASE}/sync", json={"only": ["pdf-tools"]})
+    names = zipfile.ZipFile(io.BytesIO(sync.content)).namelist()
+    assert sync.status_code == 200 and "pdf-tools/SKILL.md" in names and ".sync-manifest.json" in names
+
+
+def test_hostile_packages_and_oversized_uploads_are_refused(app: FastAPI) -> None:
+    evil = make_zip({"../x/SKILL.md": "x"})
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("evil.zip", evil, "application/zip")})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_skill"
+    assert "climbs out of the package" in r.json()["error"]["message"]
+
+    huge = b"0" * (MAX_UPLOAD_BYTES + 1)
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("big.zip", huge, "application/zip")})
+    assert r.status_code == 413
+
+    r = call(app, "POST", "/v1/agents/lib/knowledge/context", content=b"x" * (300 * 1024))
+    assert r.status_code == 413  # the larger upload limit is for skill packages only
