@@ -453,12 +453,13 @@ def search(
     paths: Sequence[str] = (),
     limit: int | None = 10,
     themes: bool = False,
+    explain: bool = True,
 ) -> list[ContextItem]:
     """The ranked entries for ``message`` (best first, at most ``limit``; ``None``: all) without reading files.
 
     Documents only, unless ``themes``: then theme entries that share at least two strong terms with the message
-    rank among them (``level`` says which). Empty when nothing relevant matched (where :func:`build_context`
-    would fall back).
+    rank among them (``level`` says which). ``explain=False`` leaves ``matched`` empty, which is cheaper for long
+    rankings. Empty when nothing relevant matched (where :func:`build_context` would fall back).
     """
     loaded = _CACHE.get(_kb_root(kb))
     scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
@@ -472,7 +473,7 @@ def search(
             h.entry.item.title,
             h.entry.item.summary,
             h.reason,
-            _matched(loaded, q, h.idx),
+            _matched(loaded, q, h.idx) if explain else (),
         )
         for h in hits
     ]
@@ -483,6 +484,7 @@ def search(
             entry = loaded.themes[i]
             matched = tuple(sorted(t for t in q.strong if loaded.theme_table.holds(t, i)))
             if len(matched) >= MIN_MATCHED_TERMS or items:
+                matched = matched if explain else ()
                 items.append(
                     ContextItem(
                         entry.path,

@@ -141,11 +141,29 @@ def is_skill_library(kb: Path) -> bool:
     return bool(skill_folders(kb))
 
 
+_LOADED: dict[Path, tuple[tuple[Any, ...], tuple[dict[str, Skill], list[Problem]]]] = {}
+
+
 def load_skills(kb: str | os.PathLike[str]) -> tuple[dict[str, Skill], list[Problem]]:
-    """The valid skills of a library by name, and every rule broken (frontmatter and dependencies)."""
+    """The valid skills of a library by name, and every rule broken (frontmatter and dependencies).
+
+    Kept per process until a ``SKILL.md`` changes (one ``stat`` each), so searching does not re-read them.
+    """
+    root = Path(kb).resolve()
+    folders = skill_folders(root)
+    signature = tuple((f.name, (f / SKILL_FILE).stat().st_mtime_ns, (f / SKILL_FILE).stat().st_size) for f in folders)
+    cached = _LOADED.get(root)
+    if cached is not None and cached[0] == signature:
+        return dict(cached[1][0]), list(cached[1][1])
+    result = _load_skills(folders)
+    _LOADED[root] = (signature, result)
+    return dict(result[0]), list(result[1])
+
+
+def _load_skills(folders: list[Path]) -> tuple[dict[str, Skill], list[Problem]]:
     problems: list[Problem] = []
     skills: dict[str, Skill] = {}
-    for folder in skill_folders(Path(kb)):
+    for folder in folders:
         skill = read_skill(folder, problems)
         if skill is not None:
             skills[skill.name] = skill
@@ -264,13 +282,15 @@ def find_skills(
     skills, _ = load_skills(kb)
     by_folder = {s.folder: s for s in skills.values()}
     best: dict[str, SkillHit] = {}
-    for item in search(kb, query, limit=None, themes=True):
+    # The ranking is best first (ties by path), so a skill's first entry in it is its best hit; candidates are
+    # drawn until `limit` distinct skills are found or the ranking is exhausted.
+    for item in search(kb, query, limit=None, themes=True, explain=False):
         folder = item.path.split("/", 1)[0]
         skill = by_folder.get(folder)
         level = level_of(item.path)
-        if skill is None or level not in wanted:
+        if skill is None or level not in wanted or skill.name in best:
             continue
-        hit = SkillHit(
+        best[skill.name] = SkillHit(
             name=skill.name,
             description=skill.description,
             root_uri=f"{folder}/",
@@ -281,11 +301,9 @@ def find_skills(
             abstract=item.abstract,
             dependencies=closure(skills, skill.name),
         )
-        current = best.get(skill.name)
-        if current is None or (hit.score, current.uri) > (current.score, hit.uri):
-            best[skill.name] = hit
-    ranked = sorted(best.values(), key=lambda h: (-h.score, h.uri))
-    return ranked[:limit]
+        if len(best) >= limit:
+            break
+    return sorted(best.values(), key=lambda h: (-h.score, h.uri))
 
 
 # -- ZIP import and export ----------------------------------------------------------------------------------------
