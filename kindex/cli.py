@@ -65,6 +65,17 @@ def _json_opt(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
 
 
+def _concurrency_opt(f: F) -> F:
+    return click.option(
+        "--concurrency",
+        type=click.IntRange(min=1),
+        default=generate.DEFAULT_CONCURRENCY,
+        show_default=True,
+        envvar="KINDEX_CONCURRENCY",
+        help="Model calls in flight at once (per run) [env KINDEX_CONCURRENCY].",
+    )(f)
+
+
 def _model_opts(f: F) -> F:
     options = [
         click.option("--model", help="litellm model string, e.g. openai/gpt-4o-mini [env KINDEX_MODEL]."),
@@ -78,14 +89,7 @@ def _model_opts(f: F) -> F:
             type=click.Choice(RESPONSE_FORMATS),
             help="Ask for JSON output; auto picks what the provider supports [env KINDEX_RESPONSE_FORMAT].",
         ),
-        click.option(
-            "--concurrency",
-            type=click.IntRange(min=1),
-            default=generate.DEFAULT_CONCURRENCY,
-            show_default=True,
-            envvar="KINDEX_CONCURRENCY",
-            help="Model calls in flight at once [env KINDEX_CONCURRENCY].",
-        ),
+        _concurrency_opt,
         click.option(
             "--excerpt-chars",
             type=click.IntRange(min=100),
@@ -346,14 +350,7 @@ def context(kb: str, message: str, paths: tuple[str, ...], budget: int, max_docs
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0 picks a free port.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=generate.DEFAULT_CONCURRENCY,
-    show_default=True,
-    envvar="KINDEX_CONCURRENCY",
-    help="Model calls in flight per reindex task.",
-)
+@_concurrency_opt
 def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     """Serve the reindex steps, BuildContext and tasks over HTTP (needs kindex[server]).
 
