@@ -11,7 +11,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,8 @@ class Context:
     reason: str
     missing: tuple[str, ...] = ()
     budget_tokens: int = DEFAULT_BUDGET_TOKENS
+    skills: tuple[dict[str, Any], ...] = ()
+    """In a skill library: each chosen skill with its dependency closure (skills, tools, MCP servers)."""
 
     @property
     def tokens(self) -> int:
@@ -111,6 +113,7 @@ class Context:
             "missing": list(self.missing),
             "tokens": self.tokens,
             "budget_tokens": self.budget_tokens,
+            "skills": list(self.skills),
         }
 
 
@@ -148,6 +151,7 @@ class _Loaded:
     path_rank: npt.NDArray[np.int64]
     problems: list[str]
     by_path: dict[str, _Entry]
+    skill_library: bool
 
 
 def _row(item: DocItem, path: str) -> dict[str, float]:
@@ -244,8 +248,20 @@ def _load(kb: Path) -> _Loaded:
         if len(mapping) == body_saved[0].n_docs:
             body = body_saved[0].remap(mapping, len(entries))
     by_path = {e.path: e for e in entries}
+    skill_library = any((kb / t.path / "SKILL.md").is_file() for t in themes)
     return _Loaded(
-        tuple(signature), entries, themes, docs, theme_table, body, theme_of, conditional, path_rank, problems, by_path
+        tuple(signature),
+        entries,
+        themes,
+        docs,
+        theme_table,
+        body,
+        theme_of,
+        conditional,
+        path_rank,
+        problems,
+        by_path,
+        skill_library,
     )
 
 
@@ -542,7 +558,31 @@ def build_context(
                 entry = _Entry(name, "document", item, None, (), "")
             if entry is not None and all(h.entry.path != name for h in hits):
                 hits.append(_Hit(entry, -1, 0.0, "fallback"))
-    return _assemble(root, hits, max_docs, fallback, reason, budget_tokens, lambda h: _matched(loaded, q, h.idx))
+    ctx = _assemble(root, hits, max_docs, fallback, reason, budget_tokens, lambda h: _matched(loaded, q, h.idx))
+    if loaded.skill_library and ctx.items:
+        ctx = replace(ctx, skills=_skill_closures(root, ctx.items))
+    return ctx
+
+
+def _skill_closures(root: Path, items: Sequence[ContextItem]) -> tuple[dict[str, Any], ...]:
+    from kindex import skills  # only skill libraries need it
+
+    known, _ = skills.load_skills(root)
+    by_folder = {s.folder: s for s in known.values()}
+    out: list[dict[str, Any]] = []
+    for folder in dict.fromkeys(i.path.split("/", 1)[0] for i in items if "/" in i.path):
+        skill = by_folder.get(folder)
+        if skill is not None:
+            c = skills.closure(known, skill.name)
+            out.append(
+                {
+                    "name": skill.name,
+                    "skill_dependencies": list(c.skills),
+                    "tool_dependencies": list(c.tools),
+                    "mcp_dependencies": list(c.mcp),
+                }
+            )
+    return tuple(out)
 
 
 def _assemble(

@@ -176,6 +176,13 @@ class ContextItemModel(BaseModel):
     tokens: int
 
 
+class SkillClosureModel(BaseModel):
+    name: str
+    skill_dependencies: list[str]
+    tool_dependencies: list[str]
+    mcp_dependencies: list[str]
+
+
 class ContextModel(BaseModel):
     text: str = Field(description="The prompt text: each chosen document under a header naming its path.")
     items: list[ContextItemModel]
@@ -184,6 +191,7 @@ class ContextModel(BaseModel):
     missing: list[str]
     tokens: int
     budget_tokens: int
+    skills: list[SkillClosureModel] = Field(description="In a skill library: chosen skills and what they need.")
 
 
 class EntryModel(BaseModel):

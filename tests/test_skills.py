@@ -271,3 +271,14 @@ def test_an_interrupted_sync_leaves_the_previous_skills_intact(
 
     after = {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
     assert {k: v for k, v in after.items() if not k.startswith(".sync-new-")} == before
+
+
+def test_build_context_lists_the_chosen_skills_dependencies(library: Path) -> None:
+    ctx = kindex.build_context(library, "how do I restore a backup in another region")
+    assert ctx.items[0].path == "data-services/reference/backup.md"
+    assert ctx.skills[0] == {
+        "name": "data-services",
+        "skill_dependencies": ["auth-helper", "vault-helper"],
+        "tool_dependencies": ["psql", "vault"],
+        "mcp_dependencies": ["db-mcp", "vault-mcp"],
+    }
