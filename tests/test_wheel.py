@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PROBE = """
-import sys, kindex
+import sys, kindex, kindex.cli  # the CLI and its command modules are part of the wheel too
 from kindex import templating
 from kindex.generators import doc_messages, root_messages
 assert kindex.__file__.startswith(sys.argv[1]), kindex.__file__
