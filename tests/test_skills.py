@@ -282,3 +282,12 @@ def test_build_context_lists_the_chosen_skills_dependencies(library: Path) -> No
         "tool_dependencies": ["psql", "vault"],
         "mcp_dependencies": ["db-mcp", "vault-mcp"],
     }
+
+
+def test_import_cli_limits_and_messages(library: Path, tmp_path: Path) -> None:
+    package = tmp_path / "p.zip"
+    package.write_bytes(make_zip({"big/SKILL.md": skill_md("big", "x"), "big/a.md": "y" * 5000}))
+    result = CliRunner().invoke(main, ["skills", "import", str(library), str(package), "--max-bytes", "1000"])
+    assert result.exit_code == 1 and "more than the limit of 1000" in result.stderr
+    result = CliRunner().invoke(main, ["skills", "import", str(library), str(package)])
+    assert result.exit_code == 0 and result.stdout.startswith("installed skill big: 2 files indexed")

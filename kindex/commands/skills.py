@@ -72,11 +72,27 @@ def validate_cmd(kb: str, as_json: bool) -> None:
 @_kb_arg
 @click.argument("package", type=click.Path(dir_okay=False, exists=True))
 @click.option("--replace", is_flag=True, help="Replace a skill of the same name (backed up; restored on failure).")
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=skills.DEFAULT_MAX_ZIP_BYTES,
+    show_default=True,
+    help="Refuse archives that unpack to more bytes.",
+)
+@click.option(
+    "--max-files",
+    type=click.IntRange(min=1),
+    default=skills.DEFAULT_MAX_ZIP_FILES,
+    show_default=True,
+    help="Refuse archives with more files.",
+)
 @_model_opts
-def import_cmd(kb: str, package: str, replace: bool, **kw: Any) -> None:
+def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: int, **kw: Any) -> None:
     """Install a one-skill ZIP into KB and index it. A taken name becomes NAME-v2 unless --replace."""
     as_json = kw.pop("as_json")
-    result = skills.import_skill(kb, package, replace=replace, options=_options(kw, None))
+    result = skills.import_skill(
+        kb, package, replace=replace, options=_options(kw, None), max_bytes=max_bytes, max_files=max_files
+    )
     if as_json:
         _print_json(result.to_dict())
         return
