@@ -39,6 +39,16 @@ from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings
 from kindex.model import DocItem, Index, ThemeItem, parse_index
 from kindex.retrieve import Context, ContextItem, build_context, search
 from kindex.scan import Scan, ScannedDoc, scan
+from kindex.skills import (
+    SkillError,
+    SkillHit,
+    delete_skill,
+    export_skill,
+    find_skills,
+    import_skill,
+    sync_skills,
+    validate_skills,
+)
 from kindex.validate import validate
 
 __version__ = "0.1.0"
@@ -74,13 +84,19 @@ __all__ = [
     "RunReport",
     "Scan",
     "ScannedDoc",
+    "SkillError",
+    "SkillHit",
     "ThemeItem",
     "UsageError",
     "__version__",
     "build_context",
+    "delete_skill",
     "doc",
     "dry_run",
+    "export_skill",
     "extract_object",
+    "find_skills",
+    "import_skill",
     "parse_index",
     "preview",
     "reindex",
@@ -88,5 +104,7 @@ __all__ = [
     "scan",
     "search",
     "sub",
+    "sync_skills",
     "validate",
+    "validate_skills",
 ]

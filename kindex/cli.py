@@ -48,9 +48,12 @@ def main() -> None:
 
     \b
     Typical use:
-      kindex preview KB          what would be indexed, and how big a model run is
-      kindex reindex KB          write KB/index.json and KB/<theme>/index.json
-      kindex validate KB         check the index files against the folder
+      kindex preview KB            what would be indexed, and how big a model run is
+      kindex reindex KB            write KB/index.json and KB/<theme>/index.json
+      kindex validate KB           check the index files against the folder
+      kindex context KB "问题"      the documents a chat message is about, as prompt text
+      kindex serve --kb-root DIR   the same over HTTP, one KB per agent
+      kindex find SKILLS "query"   one best hit per skill in an Agent Skills library
 
     With no model configured kindex uses its offline extractive generator (no network, no key). To use an LLM,
     pass any litellm model string: --model openai/gpt-4o-mini (key from OPENAI_API_KEY), or set KINDEX_MODEL.

@@ -562,7 +562,7 @@ def sync_skills(
     so an interrupted sync leaves the previous skills intact. With ``zip_out`` the changed skills and the manifest
     go into that ZIP instead (``previous`` is then the manifest the remote side holds).
     """
-    skills, problems = load_skills(src)
+    skills, _ = load_skills(src)  # a skill breaking the rules is not synced; `kindex skills validate` says why
     unknown = [n for n in only if n not in skills]
     if unknown:
         raise SkillError(f"no skill named {', '.join(map(repr, unknown))} in {src}")
@@ -596,7 +596,6 @@ def sync_skills(
             if NAME.fullmatch(name) and (dest_root / name).is_dir():
                 shutil.rmtree(dest_root / name)
         atomic_write(dest_root / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    del problems  # invalid skills are simply not synced; `kindex skills validate` reports them
     return SyncResult(tuple(changed), tuple(n for n in selected if n not in changed), tuple(removed), manifest)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -121,6 +121,3 @@ class Cache:
         atomic_write(self.path, body)
         self._entries = kept
         self._lines = len(kept)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
