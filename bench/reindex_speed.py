@@ -41,8 +41,8 @@ def make_kb(root: Path, docs: int, themes: int) -> None:
     (root / "导读.md").write_text("# 导读\n\n入口。\n", encoding="utf-8")
 
 
-def run(kb: Path, url: str, concurrency: int) -> tuple[float, kindex.RunReport]:
-    settings = kindex.LLMSettings(model="openai/bench", api_base=url, timeout=30, retries=2)
+def run(kb: Path, url: str, model: str, concurrency: int) -> tuple[float, kindex.RunReport]:
+    settings = kindex.LLMSettings(model=model, api_base=url, timeout=30, retries=2)
     started = time.perf_counter()
     report = kindex.reindex(kb, kindex.Options(llm=settings, concurrency=concurrency, force=True))
     return time.perf_counter() - started, report
@@ -55,6 +55,12 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.1)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--sequential-docs", type=int, default=200, help="documents for the concurrency-1 baseline")
+    ap.add_argument(
+        "--model",
+        default="openai/bench",
+        help="litellm model string sent to the fake server; a model litellm has a price for (openai/gpt-4o-mini) "
+        "costs it less work per call than an unknown one, and gets a cost in the report",
+    )
     args = ap.parse_args()
     os.environ.setdefault("OPENAI_API_KEY", "bench")
     # The provider is another process, as a real one is; it answers every request after exactly L seconds.
@@ -71,7 +77,7 @@ def main() -> None:
             kb = Path(tmp) / "kb"
             make_kb(kb, args.docs, args.themes)
             calls = args.docs + 1
-            wall, report = run(kb, url, args.concurrency)
+            wall, report = run(kb, url, args.model, args.concurrency)
             ideal = calls * args.latency / args.concurrency
             assert report.ok and report.usage.calls == calls, report.to_dict()
             lines.append(
@@ -79,7 +85,7 @@ def main() -> None:
                 f"(ideal N·L/C = {ideal:.2f} s, ratio {wall / ideal:.2f}) |"
             )
 
-            settings = kindex.LLMSettings(model="openai/bench", api_base=url)
+            settings = kindex.LLMSettings(model=args.model, api_base=url)
             t0 = time.perf_counter()
             again = kindex.reindex(kb, kindex.Options(llm=settings, concurrency=args.concurrency))
             rerun = time.perf_counter() - t0
@@ -94,7 +100,7 @@ def main() -> None:
 
             seq_kb = Path(tmp) / "seq"
             make_kb(seq_kb, args.sequential_docs, args.themes)
-            seq_wall, seq_report = run(seq_kb, url, 1)
+            seq_wall, seq_report = run(seq_kb, url, args.model, 1)
             per_call = seq_wall / seq_report.usage.calls
             lines.append(
                 f"| sequential baseline (concurrency 1), {seq_report.usage.calls} calls | {seq_wall:.2f} s "
@@ -105,7 +111,7 @@ def main() -> None:
     finally:
         server.kill()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"N = {args.docs} documents in {args.themes} themes, latency L = {args.latency * 1000:.0f} ms\n")
+    print(f"N = {args.docs} documents in {args.themes} themes, L = {args.latency * 1000:.0f} ms, model {args.model}\n")
     print("| measure | value |\n|---|---|")
     print("\n".join(lines))
     print(f"| peak memory (max RSS of the process, litellm loaded) | {rss:.0f} MiB |")
