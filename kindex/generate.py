@@ -217,7 +217,7 @@ def _run(
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
         try:
-            asyncio.run(runner.run(body, with_bodies=step in ("reindex", "sub")))
+            asyncio.run(runner.run(body))
         except KeyboardInterrupt:
             runner.report.wall_seconds = time.monotonic() - started
             done = runner.report
@@ -435,8 +435,12 @@ class _Runner:
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))
 
-    async def run(self, body: Callable[[_Runner], Any], *, with_bodies: bool) -> None:
-        """Run a step, then precompute what BuildContext needs so the first question after it is answered fast."""
+    async def run(self, body: Callable[[_Runner], Any]) -> None:
+        """Run a step, then precompute what BuildContext needs so the first question after it is answered fast.
+
+        Each table is rebuilt only when what it was built from changed: the index files for the entry table, any
+        document's content for the body table (so a `doc` step on an edited document refreshes it too).
+        """
         await body(self)
         kb = self.scan.kb
         if not root_index_path(kb).exists():
@@ -444,9 +448,7 @@ class _Runner:
         retrieve.save_tables(kb)
         docs = self.scan.documents
         meta = retrieve.body_table_meta(kb) or {}
-        if not with_bodies or (
-            meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]
-        ):
+        if meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]:
             return
         retrieve.save_body_table(kb, *retrieve.body_table([(d.rel, d.sha256, self.scan.read_text(d)) for d in docs]))
 

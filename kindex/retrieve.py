@@ -248,7 +248,7 @@ def _load(kb: Path) -> _Loaded:
     by_path = {e.path: e for e in entries}
     skill_library = any((kb / t.path / "SKILL.md").is_file() for t in themes)
     return _Loaded(
-        tuple(signature),
+        (*signature, _stat(kb / STATE_DIR / BODY_TABLE_FILE)),
         entries,
         themes,
         docs,
@@ -308,7 +308,7 @@ def _blob(item: DocItem, path: str) -> str:
 
 
 class _IndexCache:
-    """Loaded indexes per KB, reloaded only when an index file's (mtime, size, inode) changed."""
+    """Loaded indexes per KB, reloaded only when an index file's or the body table's (mtime, size, inode) changed."""
 
     def __init__(self) -> None:
         self._loaded: dict[Path, _Loaded] = {}
@@ -327,6 +327,7 @@ class _IndexCache:
     def _signature(kb: Path, loaded: _Loaded) -> tuple[Any, ...]:
         parts: list[Any] = [_stat(kb / INDEX_FILE)]
         parts.extend(_stat(kb / t.path / INDEX_FILE) for t in loaded.themes)
+        parts.append(_stat(kb / STATE_DIR / BODY_TABLE_FILE))  # a doc step can refresh body terms alone
         return tuple(parts)
 
     def clear(self) -> None:
