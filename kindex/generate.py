@@ -32,7 +32,7 @@ from kindex.lock import write_lock
 from kindex.model import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import Cache, atomic_write, read_index, root_index_path, theme_index_path
+from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")
@@ -332,16 +332,9 @@ class _Runner:
             raise CancelledRun("the run was cancelled; every index file is as it was before the cancel")
 
     def _write(self, path: Path, index: Index) -> None:
-        """Replace ``path`` with ``index`` unless it already holds exactly that (readers then keep their cache)."""
         self._check_cancel()
-        data = index.to_json()
-        try:
-            if path.read_bytes() == data:
-                return
-        except OSError:
-            pass
-        atomic_write(path, data)
-        self.report.written.append(path.relative_to(self.scan.kb).as_posix())
+        if write_index(path, index):
+            self.report.written.append(path.relative_to(self.scan.kb).as_posix())
 
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""

@@ -472,12 +472,15 @@ def create_app(
 
     @knowledge.post("/reindex/sub", responses=step_responses, summary="Write one theme's index.json")
     async def reindex_sub(agent_id: str, body: SubRequest, wait: bool = wait_param) -> Response:
-        scan(agent_kb(agent_id)).theme_docs(body.dir)
+        kb = agent_kb(agent_id)
+        # A scan of a large KB takes a while: off the event loop, so context requests are not held up.
+        await asyncio.to_thread(lambda: scan(kb).theme_docs(body.dir))
         return await run_step(agent_id, "sub", wait, lambda kb, o: generate.sub(kb, body.dir, o))
 
     @knowledge.post("/reindex/sub/doc", responses=step_responses, summary="Merge one document's entry")
     async def reindex_doc(agent_id: str, body: DocRequest, wait: bool = wait_param) -> Response:
-        scan(agent_kb(agent_id)).theme_doc(body.dir, body.path)
+        kb = agent_kb(agent_id)
+        await asyncio.to_thread(lambda: scan(kb).theme_doc(body.dir, body.path))
         return await run_step(
             agent_id, "doc", wait, lambda kb, o: generate.doc(kb, body.dir, body.path, o, clear_dir=body.clear_dir)
         )

@@ -64,8 +64,19 @@ def read_index(path: Path) -> Index | None:
     return index
 
 
-def write_index(path: Path, index: Index) -> None:
-    atomic_write(path, index.to_json())
+def write_index(path: Path, index: Index) -> bool:
+    """Replace ``path`` with ``index`` unless it already holds exactly that; whether it was written.
+
+    Leaving an identical file alone keeps its mtime, so long-lived readers keep their cached index.
+    """
+    data = index.to_json()
+    try:
+        if path.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    atomic_write(path, data)
+    return True
 
 
 class Cache:
