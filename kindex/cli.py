@@ -17,7 +17,13 @@ import orjson
 from kindex import generate
 from kindex.errors import InterruptedRun, KindexError, UsageError
 from kindex.llm import RESPONSE_FORMATS, LLMSettings
-from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, build_context
+from kindex.retrieve import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_FALLBACK_DOCS,
+    DEFAULT_MAX_DOCS,
+    DEFAULT_MIN_RELEVANCE,
+    build_context,
+)
 from kindex.scan import DEFAULT_EXCERPT_CHARS
 from kindex.validate import validate as validate_kb
 
@@ -321,16 +327,53 @@ def validate(kb: str, as_json: bool) -> None:
     show_default=True,
     help="At most this many documents.",
 )
+@click.option(
+    "--min-relevance",
+    type=click.FloatRange(0.0, 1.0),
+    default=DEFAULT_MIN_RELEVANCE,
+    show_default=True,
+    help="On topic when a document covers this share of the question's informative weight; else the overview.",
+)
+@click.option(
+    "--fallback",
+    "fallback_docs",
+    multiple=True,
+    metavar="DOC",
+    help="Overview document for off-topic messages (repeatable; default 导读.md, 00-总则与功能导航.md, then the "
+    "KB's README.md/index.md, then an overview of the root index).",
+)
 @_json_opt
-def context(kb: str, message: str, paths: tuple[str, ...], budget: int, max_docs: int, as_json: bool) -> None:
+def context(
+    kb: str,
+    message: str,
+    paths: tuple[str, ...],
+    budget: int,
+    max_docs: int,
+    min_relevance: float,
+    fallback_docs: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Print the context for MESSAGE: the chosen documents' original text, within the budget.
+
+    MESSAGE "-" reads the message from standard input (for long messages).
 
     \b
     Example:
       kindex context sample_kb "退款多久到账"
       kindex context sample_kb "改一下金额组件" --path web/src/Money.tsx --json
+      echo "发票怎么开" | kindex context sample_kb -
     """
-    ctx = build_context(kb, message, paths=paths, budget_tokens=budget, max_docs=max_docs)
+    if message == "-":
+        message = sys.stdin.read()
+    ctx = build_context(
+        kb,
+        message,
+        paths=paths,
+        budget_tokens=budget,
+        max_docs=max_docs,
+        min_relevance=min_relevance,
+        fallback_docs=fallback_docs or DEFAULT_FALLBACK_DOCS,
+    )
     if as_json:
         click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:

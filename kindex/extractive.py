@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kindex.model import SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
+from kindex.model import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc, headings_of
 
 SUMMARY_TARGET = 160
@@ -103,7 +103,21 @@ def describe_doc(doc: ScannedDoc, text: str) -> dict[str, Any]:
     title = sig.title or (doc.headings[0] if doc.headings else doc.rel.rsplit("/", 1)[-1].removesuffix(".md"))
     summary = sig.description or first_paragraph(text) or "；".join(doc.headings[1:6]) or title
     tags = list(sig.tags) or distinctive_tags(text, title)
-    return {"title": title, "summary": summary, "tags": tags, "paths": list(sig.paths)}
+    return {"title": title, "summary": summary, "tags": tags, "paths": list(sig.paths), "questions": questions_of(doc)}
+
+
+def questions_of(doc: ScannedDoc) -> list[str]:
+    """The questions a document answers, as its authors put them: its section headings (not its title)."""
+    seen = {doc.title_hint.casefold()}
+    out: list[str] = []
+    for h in doc.headings:
+        h = clean_text(h, QUESTION_MAX)
+        if len(h) > 1 and h.casefold() not in seen:
+            seen.add(h.casefold())
+            out.append(h)
+        if len(out) >= QUESTIONS_MAX:
+            break
+    return out
 
 
 def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kindex import extractive, retrieve
+from kindex import extractive, searchindex
 from kindex.errors import AnswerError, CancelledRun, InterruptedRun, UsageError
 from kindex.generators import (
     Answer,
@@ -429,21 +429,15 @@ class _Runner:
         self._write(path, theme_index([*kept, item]))
 
     async def run(self, body: Callable[[_Runner], Any]) -> None:
-        """Run a step, then precompute what BuildContext needs so the first question after it is answered fast.
+        """Run a step, then bring the search index up to date so the first question after it is answered fast.
 
-        Each table is rebuilt only when what it was built from changed: the index files for the entry table, any
-        document's content for the body table (so a `doc` step on an edited document refreshes it too).
+        Only documents whose entry or content changed are analysed again (a `doc` step on an edited document costs
+        that document's work).
         """
         await body(self)
-        kb = self.scan.kb
-        if not root_index_path(kb).exists():
-            return
-        retrieve.save_tables(kb)
-        docs = self.scan.documents
-        meta = retrieve.body_table_meta(kb) or {}
-        if meta.get("paths") == [d.rel for d in docs] and meta.get("sha256") == [d.sha256 for d in docs]:
-            return
-        retrieve.save_body_table(kb, *retrieve.body_table([(d.rel, d.sha256, self.scan.read_text(d)) for d in docs]))
+        if root_index_path(self.scan.kb).exists():
+            self._check_cancel()
+            searchindex.update(self.scan.kb, self.scan)
 
     async def reindex(self) -> None:
         s = self.scan

@@ -17,18 +17,26 @@ from kindex import extractive, templating
 from kindex.errors import AnswerError, KindexError, ModelCallError
 from kindex.jsonextract import extract_object
 from kindex.llm import Completion, LLMClient, LLMSettings, Message
+from kindex.model import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
 from kindex.sanitize import doc_entry, require_root_lists
 from kindex.scan import Scan, ScannedDoc
 
 DOC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "title": {"type": "string"},
-        "summary": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "paths": {"type": "array", "items": {"type": "string"}},
+        # The bounds are those of the index contract: a provider that enforces the schema (llama.cpp does, with
+        # a grammar) then cannot loop on tags until max_tokens and truncate the answer.
+        "title": {"type": "string", "maxLength": TITLE_MAX},
+        "summary": {"type": "string", "maxLength": SUMMARY_MAX},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": TAG_MAX}, "maxItems": TAGS_MAX},
+        "questions": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": QUESTION_MAX},
+            "maxItems": QUESTIONS_MAX,
+        },
+        "paths": {"type": "array", "items": {"type": "string", "maxLength": GLOB_MAX}, "maxItems": GLOBS_MAX},
     },
-    "required": ["title", "summary", "tags"],
+    "required": ["title", "summary", "tags", "questions"],
 }
 _ENTRY = {"type": "object", "properties": DOC_SCHEMA["properties"]}
 ROOT_SCHEMA: dict[str, Any] = {
@@ -45,7 +53,7 @@ ROOT_SCHEMA: dict[str, Any] = {
     },
     "required": ["themes", "documents"],
 }
-_DOC_SHAPE = '{"title": "...", "summary": "...", "tags": ["..."]}'
+_DOC_SHAPE = '{"title": "...", "summary": "...", "tags": ["..."], "questions": ["..."]}'
 _ROOT_SHAPE = '{"themes": [{"dir", "title", "summary", "tags"}], "documents": [{"path", "title", "summary", "tags"}]}'
 ROOT_EXCERPT_CHARS = 400
 ROOT_TITLES_PER_THEME = 20

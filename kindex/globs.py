@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from functools import cache
+from functools import lru_cache
+
+from wcmatch import glob as wcglob
 
 # A path-like token: has a folder separator or a file extension; Windows separators are accepted.
 _PATH_IN_TEXT = re.compile(
@@ -12,13 +14,14 @@ _PATH_IN_TEXT = re.compile(
 )
 
 
+# A drive letter, then any run of "./" and "/" (one regex pass: a loop of slices is quadratic on "./" * 100000).
+_LEADING = re.compile(r"\A(?:[A-Za-z]:/)?(?:\.?/)*")
+
+
 def normalize_path(path: str) -> str:
     """Forward slashes, no leading ``./`` or ``/``, no drive letter: the form globs are matched against."""
     path = path.strip().replace("\\", "/")
-    path = re.sub(r"^[A-Za-z]:/", "", path)
-    while path.startswith(("./", "/")):
-        path = path[1:] if path.startswith("/") else path[2:]
-    return path
+    return _LEADING.sub("", path)
 
 
 def paths_in_text(text: str) -> list[str]:
@@ -31,37 +34,48 @@ def paths_in_text(text: str) -> list[str]:
     return out
 
 
-@cache
-def _compile(glob: str) -> re.Pattern[str]:
+# Bounds that make matching cheap whatever a message or an author writes: wcmatch's regex work grows with the
+# number of path segments raised to the number of "**" in the glob, so both are capped. No real path is longer
+# than PATH_MAX (4096) or deeper than 64 folders; a glob needs at most two "**" (e.g. src/**/components/**/*.tsx).
+MAX_PATH_CHARS = 4096
+MAX_PATH_SEGMENTS = 64
+MAX_GLOBSTARS = 2
+_BRACE_LIMIT = 64
+_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.IGNORECASE | wcglob.MATCHBASE | wcglob.DOTGLOB
+
+
+@lru_cache(maxsize=4096)
+def _compile(glob: str) -> wcglob.WcMatcher[str] | None:
     glob = normalize_path(glob)
-    parts: list[str] = []
-    i = 0
-    while i < len(glob):
-        ch = glob[i]
-        if glob.startswith("**/", i):
-            parts.append("(?:.*/)?")
-            i += 3
-            continue
-        if ch == "*":
-            while i < len(glob) and glob[i] == "*":
-                i += 1
-            parts.append(".*")  # SPEC §6.4: * and ** both match across folders
-            continue
-        parts.append("[^/]" if ch == "?" else re.escape(ch))
-        i += 1
-    return re.compile("".join(parts) + r"\Z", re.IGNORECASE)
+    if not glob or glob.count("**") > MAX_GLOBSTARS:
+        return None
+    try:
+        return wcglob.compile([glob], flags=_FLAGS, limit=_BRACE_LIMIT)
+    except Exception:  # wcmatch raises assorted errors (brace limit, bad pattern) for globs it cannot use
+        return None
+
+
+def usable_glob(glob: str) -> bool:
+    """Whether ``glob`` compiles within the bounds (at most two ``**``, at most 64 brace expansions)."""
+    return _compile(glob) is not None
+
+
+def _usable_path(path: str) -> bool:
+    return 0 < len(path) <= MAX_PATH_CHARS and path.count("/") < MAX_PATH_SEGMENTS
 
 
 def glob_matches(glob: str, path: str) -> bool:
-    """Whether ``path`` matches ``glob``; a glob without ``/`` also matches a bare file name."""
+    """Whether ``path`` matches ``glob`` (globstar, braces, classes; a glob without ``/`` matches a file name).
+
+    A path longer than ``MAX_PATH_CHARS`` or deeper than ``MAX_PATH_SEGMENTS`` matches nothing: it is no real
+    file, and bounding it keeps matching fast.
+    """
     path = normalize_path(path)
-    pattern = _compile(glob)
-    if pattern.match(path):
-        return True
-    return "/" not in normalize_path(glob) and pattern.match(path.rsplit("/", 1)[-1]) is not None
+    matcher = _compile(glob)
+    return matcher is not None and _usable_path(path) and bool(matcher.match(path))
 
 
 def any_match(globs: Iterable[str], paths: Iterable[str]) -> str | None:
     """The first glob that matches one of ``paths``, or ``None``."""
-    paths = list(paths)
-    return next((g for g in globs for p in paths if glob_matches(g, p)), None)
+    usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]
+    return next((g for g in globs for p in usable if glob_matches(g, p)), None)

@@ -7,11 +7,13 @@ file can bloat an entry or smuggle in a field the contract does not have.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from kindex.globs import normalize_path, usable_glob
 
 INDEX_VERSION = 1
 INDEX_FILE = "index.json"
@@ -24,6 +26,8 @@ TAG_MAX = 32
 TAGS_MAX = 12
 GLOB_MAX = 200
 GLOBS_MAX = 16
+QUESTION_MAX = 100
+QUESTIONS_MAX = 6
 
 _SPACE = re.compile(r"\s+")
 # Unicode category Cc (C0 and C1 controls) except the white space that _SPACE folds.
@@ -66,26 +70,41 @@ def clean_tags(value: object, *, limit: int = TAGS_MAX) -> tuple[str, ...]:
     return tuple(out)
 
 
-def clean_globs(value: object) -> tuple[str, ...]:
-    """``paths`` globs: strings without NUL or ``..`` segments, leading ``./`` dropped, bounded, de-duplicated."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list | tuple):
+def _clean_list(value: object, clean: Callable[[object], str], limit: int) -> tuple[str, ...]:
+    """A string or a list of them, each cleaned (empty: dropped), de-duplicated in order, at most ``limit``."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
         return ()
     out: list[str] = []
-    for item in value:
-        if not isinstance(item, str):
-            continue
-        glob = item.strip().replace("\\", "/")
-        while glob.startswith("./"):
-            glob = glob[2:]
-        if not glob or len(glob) > GLOB_MAX or "\x00" in glob or ".." in glob.split("/"):
-            continue
-        if glob not in out:
-            out.append(glob)
-        if len(out) >= GLOBS_MAX:
-            break
+    for item in items:
+        cleaned = clean(item)
+        if cleaned and cleaned not in out:
+            out.append(cleaned)
+            if len(out) >= limit:
+                break
     return tuple(out)
+
+
+def clean_questions(value: object) -> tuple[str, ...]:
+    """``questions``: single-line strings, bounded in length and number, de-duplicated, in order."""
+    return _clean_list(value, lambda item: clean_text(item, QUESTION_MAX), QUESTIONS_MAX)
+
+
+def _clean_glob(item: object) -> str:
+    if not isinstance(item, str):
+        return ""
+    glob = normalize_path(item)
+    if len(glob) > GLOB_MAX or "\x00" in glob or ".." in glob.split("/") or not usable_glob(glob):
+        return ""
+    return glob
+
+
+def clean_globs(value: object) -> tuple[str, ...]:
+    """``paths`` globs: strings without NUL or ``..`` segments, leading ``./`` dropped, bounded, de-duplicated.
+
+    A glob the matcher cannot use within its bounds (more than two ``**``, a brace bomb) is dropped too.
+    """
+    return _clean_list(value, _clean_glob, GLOBS_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +116,8 @@ class DocItem:
     summary: str
     tags: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
+    questions: tuple[str, ...] = ()
+    """Questions a user would ask that the document answers (SPEC §3): written for retrieval, never required."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -107,6 +128,8 @@ class DocItem:
         }
         if self.paths:
             out["paths"] = list(self.paths)
+        if self.questions:
+            out["questions"] = list(self.questions)
         return out
 
 
@@ -178,6 +201,7 @@ def doc_item_from(obj: Mapping[str, Any], path: str) -> DocItem:
         summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
         tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
         paths=clean_globs(obj.get("paths")),
+        questions=clean_questions(obj.get("questions")),
     )
 
 

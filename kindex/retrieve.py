@@ -1,7 +1,10 @@
 """BuildContext (SPEC §6): pick the documents a chat message is about and hand over their original text.
 
-The index files are loaded once per process and kept, with their scoring tables, until a file changes on disk
-(checked with one ``stat`` per index file per call), so a chat backend pays for parsing only after a reindex.
+The search index (:mod:`kindex.searchindex`) is loaded once per process and kept until an index file or the saved
+tables change on disk (one ``stat`` per index file per call), so a chat backend pays for loading only after a
+reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
+document covers enough of the question's informative weight (the rarity of its words), else the KB's overview is
+returned instead.
 """
 
 from __future__ import annotations
@@ -11,53 +14,51 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from kindex.errors import IndexMissingError, KBNotFoundError, UsageError
+from kindex.analysis import analyze, has_han
+from kindex.errors import KBNotFoundError, UsageError
 from kindex.globs import any_match, normalize_path, paths_in_text
-from kindex.model import INDEX_FILE, DocItem, parse_index
+from kindex.model import INDEX_FILE, DocItem
 from kindex.scan import clean_body, strip_frontmatter
+from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
-from kindex.tables import Table
-from kindex.tokenize import estimate_tokens, is_weak, normalize, terms
+from kindex.tokenize import estimate_tokens
 
 DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
 DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
+DEFAULT_MIN_RELEVANCE = 0.25
+"""A question is on topic when some document covers at least this share of its informative weight."""
+MAX_MESSAGE_CHARS = 20_000
+"""Only the start of a longer message is analysed: the question is in there, and analysis stays bounded."""
 
-# Field weights: a word in a title or tag says more about a document than the same word in its summary.
-_FIELD_WEIGHTS = (("title", 3.0), ("tags", 2.5), ("path", 1.5), ("summary", 1.0))
-_WEAK_WEIGHT = 0.15
-_THEME_PRIOR = 0.3
-# One shared word is coincidence ("关于", "比较", "good"): the question is on topic only when some document's entry
-# shares at least two strong terms (words, character pairs) with it, or its body at least three.
-MIN_MATCHED_TERMS = 2
-MIN_BODY_TERMS = 3
+# BM25F: a word in a title, a tag or a question the document answers says more about it than the same word in
+# its body. Weights multiply a field's length-normalised frequency before the one saturation per term.
+FIELD_WEIGHTS = {
+    "title": 3.0,
+    "tags": 2.5,
+    "summary": 1.0,
+    "questions": 2.0,
+    "headings": 1.5,
+    "path": 1.5,
+    "body": 1.0,
+}
+FIELD_B = {"title": 0.3, "tags": 0.3, "summary": 0.5, "questions": 0.5, "headings": 0.6, "path": 0.3, "body": 0.75}
+K1 = 1.2
+BODY_COVER = 0.5
+"""How much a word found only in a document's body counts towards covering the question (its entry counts 1)."""
+UNSEEN_HAN_WEIGHT = 0.25
+THEME_PRIOR = 0.3
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
-
-# Pairs and words that occur in questions about anything: they must not make a match.
-_STOP_PAIRS = frozenset(
-    "为什 如何 怎么 怎样 什么 为什么 为何 哪里 哪些 哪个 可以 能否 是否 是不是 能不能 一下 一个 这个 那个 "
-    "我们 你们 他们 自己 没有 不是 就是 还是 或者 以及 因为 所以 但是 如果 的话 时候 现在 已经 "
-    "需要 应该 请问 谢谢 你好 知道 告诉 问题 有没 没有 要怎 怎么 么办 么样 是什 一些 这些 那些 "
-    "还有 有什 的是 了吗 的吗 吗？ 呢？ 我想 我要 想要 帮我 给我 多少 一直 为啥 咋办 一样 不能 "
-    "不了 不会 会不 可不 以吗 用了 了一".split()
-)
-# Particles and pronouns glue words together: a pair holding one ("的账", "我的") is not a word.
-_STOP_CHARS = frozenset("的了吗呢吧啊呀嘛我你")
-_STOP_WORDS = frozenset(
-    "a an the is are was were be been do does did how what why when where which who whom can could "
-    "should would i me my we our you your it its of to in on for with at by from and or not no this that "
-    "these those there here please thanks thank hi hello if then than so as into about any some get use "
-    "using".split()
-)
+_OMITTED_MARK = "\n\n[…]\n\n"
+_README_NAMES = ("readme.md", "index.md")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,195 +121,79 @@ class Context:
 
 # -- the loaded index ---------------------------------------------------------------------------------------------
 
-ENTRY_TABLE_FILE = "entries.npz"
-BODY_TABLE_FILE = "body.npz"
-# Body terms are a safety net under the index entries: they rescue a document whose entry missed the user's words,
-# but must not outvote an entry that names the subject.
-BODY_WEIGHT = 0.6
-BODY_TERMS_PER_DOC = 4000
-_CANDIDATES = 64
 
-
-@dataclass(slots=True)
-class _Entry:
-    path: str  # KB-relative
-    level: str
-    item: DocItem
-    theme: str | None
-    globs: tuple[str, ...]
-    blob: str  # normalised text of every field, for weak single-character evidence
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
 
 
 @dataclass(slots=True)
 class _Loaded:
     signature: tuple[Any, ...]
-    entries: list[_Entry]
-    themes: list[_Entry]
-    docs: Table
-    theme_table: Table
-    body: Table | None
+    index: SearchIndex
+    stale: bool
+    """The saved tables were missing or did not match the index files: rebuilt in memory."""
+    problems: tuple[str, ...]
+    n: int
+    inv: dict[str, npt.NDArray[np.float32]]
+    """Per field: its weight divided by each document's length normalisation."""
     theme_of: npt.NDArray[np.int32]
     conditional: npt.NDArray[np.bool_]
     path_rank: npt.NDArray[np.int64]
-    problems: list[str]
-    by_path: dict[str, _Entry]
+    by_path: dict[str, int]
+    theme_terms: list[Counter[str]]
+    theme_df: Counter[str]
     skill_library: bool
 
 
-def _row(item: DocItem, path: str) -> dict[str, float]:
-    """Field-weighted frequencies of the strong terms of one entry."""
-    fields = {
-        "title": item.title,
-        "tags": " ".join(item.tags),
-        "path": re.sub(r"[/_.\-]+", " ", path.removesuffix(".md")),
-        "summary": item.summary,
-    }
-    row: dict[str, float] = {}
-    for name, weight in _FIELD_WEIGHTS:
-        for t in terms(fields[name]):
-            if not is_weak(t):
-                row[t] = row.get(t, 0.0) + weight
-    return row
-
-
-def body_row(text: str) -> dict[str, float]:
-    """A document body's strong terms with sublinear frequencies (stop pairs and words left out)."""
-    counts = Counter(terms(text))  # counted in C; the filters then run once per distinct term
-    return {t: 1.0 + math.log(c) for t, c in counts.items() if not is_weak(t) and not _is_stop(t)}
-
-
-def _stat(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _read_entries(kb: Path) -> tuple[list[_Entry], list[_Entry], list[Any], list[str]]:
-    root_path = kb / INDEX_FILE
-    try:
-        root, problems = parse_index(root_path.read_bytes())
-    except FileNotFoundError:
-        raise IndexMissingError(f"{kb} has no index yet: run `kindex reindex {kb}` first") from None
-    except ValueError as exc:
-        raise IndexMissingError(f"{root_path} is unreadable ({exc}): run `kindex reindex {kb}`") from None
-    signature: list[Any] = [_stat(root_path)]
-    entries: list[_Entry] = []
-    themes: list[_Entry] = []
-    for d in root.documents:
-        if "/" not in d.path:
-            entries.append(_Entry(d.path, "document", d, None, d.paths, _blob(d, d.path)))
-    for t in root.themes:
-        if "/" in t.dir or t.dir.startswith("."):
-            problems.append(f"theme {t.dir!r} is not a first-level folder: ignored")
-            continue
-        theme_doc = DocItem(t.dir, t.title, t.summary, t.tags, t.paths)
-        themes.append(_Entry(t.dir, "theme", theme_doc, t.dir, t.paths, _blob(theme_doc, t.dir)))
-        sub_path = kb / t.dir / INDEX_FILE
-        signature.append(_stat(sub_path))
-        try:
-            sub, sub_problems = parse_index(sub_path.read_bytes())
-        except (OSError, ValueError) as exc:
-            problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
-            continue
-        problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
-        for d in sub.documents:
-            rel = f"{t.dir}/{d.path}"
-            entries.append(_Entry(rel, "document", d, t.dir, d.paths, _blob(d, rel)))
-    return entries, themes, signature, problems
-
-
 def _load(kb: Path) -> _Loaded:
-    entries, themes, signature, problems = _read_entries(kb)
-    paths = [e.path for e in entries]
-    saved = Table.load(kb / STATE_DIR / ENTRY_TABLE_FILE)
-    if (
-        saved is not None
-        and saved[1].get("signature") == orjson.loads(orjson.dumps(signature))
-        and (saved[1].get("paths") == paths)
-    ):
-        docs = saved[0]
-    else:
-        docs = Table.build([_row(e.item, e.path) for e in entries])
-    theme_table = Table.build([_row(t.item, t.path) for t in themes])
-    theme_index = {t.path: i for i, t in enumerate(themes)}
-    theme_of = np.array([theme_index.get(e.theme, -1) if e.theme else -1 for e in entries], dtype=np.int32)
-    conditional = np.array([bool(e.globs) for e in entries], dtype=np.bool_)
-    path_rank = np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64)
-    body = None
-    body_saved = Table.load(kb / STATE_DIR / BODY_TABLE_FILE)
-    if body_saved is not None and body_saved[1].get("paths") == paths:
-        body = body_saved[0]
-    elif body_saved is not None:
-        where = {p: i for i, p in enumerate(paths)}
-        mapping = np.array([where.get(p, -1) for p in body_saved[1].get("paths", [])], dtype=np.int32)
-        if len(mapping) == body_saved[0].n_docs:
-            body = body_saved[0].remap(mapping, len(entries))
-    by_path = {e.path: e for e in entries}
-    skill_library = any((kb / t.path / "SKILL.md").is_file() for t in themes)
+    index = load(kb)
+    problems: tuple[str, ...] = ()
+    stale = index is None or signature_of(kb, [t.dir for t in index.themes]) != index.signature
+    if index is None or stale:
+        entries = read_entries(kb)
+        index, problems = from_files(kb, entries), entries.problems
+    n = len(index.docs)
+    inv: dict[str, npt.NDArray[np.float32]] = {}
+    for f, name in enumerate(FIELDS):
+        lengths = index.lengths[:, f] if n else np.zeros(0, np.float32)
+        avg = float(lengths.mean()) if n and lengths.mean() > 0 else 1.0
+        b = FIELD_B[name]
+        inv[name] = (FIELD_WEIGHTS[name] / (1 - b + b * lengths / avg)).astype(np.float32)
+    theme_at = {t.dir: i for i, t in enumerate(index.themes)}
+    theme_terms = [
+        Counter(analyze(" \n".join((t.item.title, *t.item.tags, t.item.summary)), index.vocab)) for t in index.themes
+    ]
+    theme_df: Counter[str] = Counter()
+    for c in theme_terms:
+        theme_df.update(c.keys())
+    paths = [d.path for d in index.docs]
     return _Loaded(
-        (*signature, _stat(kb / STATE_DIR / BODY_TABLE_FILE)),
-        entries,
-        themes,
-        docs,
-        theme_table,
-        body,
-        theme_of,
-        conditional,
-        path_rank,
-        problems,
-        by_path,
-        skill_library,
+        signature=_signature(kb, index),
+        index=index,
+        stale=stale,
+        problems=problems,
+        n=n,
+        inv=inv,
+        theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.int32),
+        conditional=np.array([bool(d.item.paths) for d in index.docs], dtype=np.bool_),
+        path_rank=np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64),
+        by_path={p: i for i, p in enumerate(paths)},
+        theme_terms=theme_terms,
+        theme_df=theme_df,
+        skill_library=any((kb / t.dir / "SKILL.md").is_file() for t in index.themes),
     )
 
 
-def save_tables(kb: Path) -> None:
-    """Precompute the entry scoring table next to the index files, so a cold process loads it instead.
-
-    Nothing is done when the saved table already describes the index files as they are.
-    """
-    entries, _, signature, _ = _read_entries(kb)
-    meta = Table.load_meta(kb / STATE_DIR / ENTRY_TABLE_FILE) or {}
-    paths = [e.path for e in entries]
-    if meta.get("signature") == orjson.loads(orjson.dumps(signature)) and meta.get("paths") == paths:
-        return
-    table = Table.build([_row(e.item, e.path) for e in entries])
-    table.save(kb / STATE_DIR / ENTRY_TABLE_FILE, {"signature": signature, "paths": paths})
-
-
-def body_table(bodies: Sequence[tuple[str, str, str]]) -> tuple[Table, dict[str, Any]]:
-    """The body-term table of (path, sha256, text) triples, and the meta that says what it was built from.
-
-    Each document keeps at most its ``BODY_TERMS_PER_DOC`` most frequent terms, which bounds the table's size
-    whatever the documents' length. (Ranking by rarity instead keeps the accidental pairs that straddle two words,
-    and measured worse.)
-    """
-    kept = []
-    for _, _, text in bodies:
-        row = body_row(text)
-        if len(row) > BODY_TERMS_PER_DOC:
-            row = dict(sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[:BODY_TERMS_PER_DOC])
-        kept.append(row)
-    meta = {"paths": [p for p, _, _ in bodies], "sha256": [h for _, h, _ in bodies]}
-    return Table.build(kept), meta
-
-
-def save_body_table(kb: Path, table: Table, meta: dict[str, Any]) -> None:
-    table.save(kb / STATE_DIR / BODY_TABLE_FILE, meta)
-
-
-def body_table_meta(kb: Path) -> dict[str, Any] | None:
-    """What the saved body table was built from, to skip rebuilding it when nothing changed."""
-    return Table.load_meta(kb / STATE_DIR / BODY_TABLE_FILE)
-
-
-def _blob(item: DocItem, path: str) -> str:
-    return normalize(" ".join((item.title, " ".join(item.tags), path, item.summary)))
+def _signature(kb: Path, index: SearchIndex) -> tuple[Any, ...]:
+    return (signature_of(kb, [t.dir for t in index.themes]), _stat(kb / STATE_DIR / SEARCH_FILE))
 
 
 class _IndexCache:
-    """Loaded indexes per KB, reloaded only when an index file's or the body table's (mtime, size, inode) changed."""
+    """Loaded indexes per KB, reloaded when an index file or the saved search tables changed on disk."""
 
     def __init__(self) -> None:
         self._loaded: dict[Path, _Loaded] = {}
@@ -316,19 +201,12 @@ class _IndexCache:
 
     def get(self, kb: Path) -> _Loaded:
         current = self._loaded.get(kb)
-        if current is not None and self._signature(kb, current) == current.signature:
+        if current is not None and _signature(kb, current.index) == current.signature:
             return current
         with self._lock:
             loaded = _load(kb)
             self._loaded[kb] = loaded
             return loaded
-
-    @staticmethod
-    def _signature(kb: Path, loaded: _Loaded) -> tuple[Any, ...]:
-        parts: list[Any] = [_stat(kb / INDEX_FILE)]
-        parts.extend(_stat(kb / t.path / INDEX_FILE) for t in loaded.themes)
-        parts.append(_stat(kb / STATE_DIR / BODY_TABLE_FILE))  # a doc step can refresh body terms alone
-        return tuple(parts)
 
     def clear(self) -> None:
         with self._lock:
@@ -338,127 +216,155 @@ class _IndexCache:
 _CACHE = _IndexCache()
 
 
-# -- the query ----------------------------------------------------------------------------------------------------
+# -- scoring ------------------------------------------------------------------------------------------------------
 
 
-def _is_stop(t: str) -> bool:
-    return t in _STOP_PAIRS or t in _STOP_WORDS or (len(t) == 2 and not _STOP_CHARS.isdisjoint(t))
+@dataclass(slots=True)
+class _Term:
+    term: str
+    idf: float
+    df: int
+    in_entry: npt.NDArray[np.bool_]
+    body_sat: npt.NDArray[np.float32]
+    """The term's saturated body frequency per document, in [0, 1): one passing mention counts little."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Query:
-    strong: dict[str, float]
-    weak: tuple[str, ...]
+@dataclass(slots=True)
+class _Scored:
+    terms: list[str]
+    scores: npt.NDArray[np.float32]
+    per_term: list[_Term]
+
+    def cover(self, body_cover: float = BODY_COVER) -> npt.NDArray[np.float32]:
+        """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
+        n = len(self.scores)
+        covered = np.zeros(n, dtype=np.float32)
+        total = 0.0
+        for t in self.per_term:
+            weight = informative(t.term, t.idf, t.df)
+            total += weight
+            if weight and t.df:
+                covered += weight * np.maximum(t.in_entry, body_cover * t.body_sat)
+        return covered / total if total else covered
 
 
-def _query(message: str) -> _Query:
-    strong: dict[str, float] = {}
-    weak: list[str] = []
-    for t in terms(message):
-        if is_weak(t):
-            if t not in weak:
-                weak.append(t)
-        elif not _is_stop(t):
-            weight = 0.5 if t.isdigit() else 1.0
-            strong[t] = max(strong.get(t, 0.0), weight)
-    return _Query(strong, tuple(weak))
+def informative(term: str, idf: float, df: int) -> float:
+    """How much ``term`` says about what a question is about: its rarity in the KB, with two exceptions.
+
+    Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses is more
+    often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full of them), so it weighs
+    ``UNSEEN_HAN_WEIGHT`` of a rare word; a Latin-script word the KB never uses names something else (git, MySQL,
+    Django) and keeps its full weight.
+    """
+    if term.isdigit():
+        return 0.0
+    if df == 0 and has_han(term):
+        return UNSEEN_HAN_WEIGHT * idf
+    return idf
+
+
+def _query_terms(message: str, loaded: _Loaded) -> list[str]:
+    return list(dict.fromkeys(analyze(message[:MAX_MESSAGE_CHARS], loaded.index.vocab)))
+
+
+def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
+    n = loaded.n
+    scores = np.zeros(n, dtype=np.float32)
+    per_term: list[_Term] = []
+    for term in terms:
+        h = term_hash(term)
+        wtf = np.zeros(n, dtype=np.float32)
+        in_entry = np.zeros(n, dtype=np.bool_)
+        body_sat = np.zeros(n, dtype=np.float32)
+        for name in FIELDS:
+            hit = loaded.index.fields[name].postings(h)
+            if hit is None:
+                continue
+            docs, tfs = hit
+            contribution = tfs * loaded.inv[name][docs]
+            wtf[docs] += contribution
+            if name == "body":
+                body_sat[docs] = contribution / (K1 + contribution)
+            else:
+                in_entry[docs] = True
+        df = int(np.count_nonzero(wtf))
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        if df:
+            scores += idf * wtf / (K1 + wtf)
+        per_term.append(_Term(term, idf, df, in_entry, body_sat))
+    return _Scored(terms, scores, per_term)
+
+
+def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """BM25 scores of the theme entries, and the share of the question's informative weight each covers."""
+    k = len(loaded.theme_terms)
+    scores = np.zeros(k + 1, dtype=np.float32)  # the extra slot serves root documents (theme -1)
+    cover = np.zeros(k + 1, dtype=np.float32)
+    if not k:
+        return scores, cover
+    lengths = [sum(c.values()) for c in loaded.theme_terms]
+    avg = (sum(lengths) / k) or 1.0
+    total = 0.0
+    for t in scored.per_term:
+        df = loaded.theme_df.get(t.term, 0)
+        idf = math.log(1 + (k - df + 0.5) / (df + 0.5))
+        weight = informative(t.term, t.idf, t.df)
+        total += weight
+        for i, c in enumerate(loaded.theme_terms):
+            tf = c.get(t.term, 0)
+            if tf:
+                scores[i] += idf * tf * (K1 + 1) / (tf + K1 * (0.25 + 0.75 * lengths[i] / avg))
+                cover[i] += weight
+    if total:
+        cover /= total
+    return scores, cover
 
 
 @dataclass(slots=True)
 class _Hit:
-    entry: _Entry
-    idx: int  # row in the tables; -1 for an overview document outside the index
+    idx: int  # row in the search index; -1 for an overview outside it
+    path: str
+    level: str
+    item: DocItem
     score: float
     reason: str
 
 
-def _matched(loaded: _Loaded, q: _Query, idx: int) -> tuple[str, ...]:
-    """The question's strong terms that document ``idx`` holds (computed only for the hits returned)."""
-    if idx < 0:
-        return ()
-    body = loaded.body
-    held = (t for t in q.strong if loaded.docs.holds(t, idx) or (body is not None and body.holds(t, idx)))
-    return tuple(sorted(held))
-
-
-def _rank(loaded: _Loaded, q: _Query, scope: list[str], candidates: int = _CANDIDATES) -> list[_Hit]:
-    n = len(loaded.entries)
+def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: float, limit: int) -> list[_Hit]:
+    """Rules for the files in scope first, then the documents the question is about (none when off topic)."""
     hits: list[_Hit] = []
-    if n and q.strong:
-        scores = np.zeros(n, dtype=np.float32)
-        matches = np.zeros(n, dtype=np.int32)
-        body_matches = np.zeros(n, dtype=np.int32)
-        for term, qw in q.strong.items():
-            hit = loaded.docs.postings(term)
-            if hit is not None:
-                docs, contrib, _ = hit
-                scores[docs] += contrib * qw
-                matches[docs] += 1
-            body_hit = loaded.body.postings(term) if loaded.body is not None else None
-            if body_hit is not None:
-                docs, contrib, _ = body_hit
-                scores[docs] += contrib * (qw * BODY_WEIGHT)
-                body_matches[docs] += 1
-        relevant = ((matches >= MIN_MATCHED_TERMS) | (body_matches >= MIN_BODY_TERMS)) & ~loaded.conditional
-        # The question is on topic when some document meets it on two terms; then every document it touches ranks.
-        touched = (matches > 0) | (body_matches > 0)
-        cand = np.nonzero(touched & ~loaded.conditional)[0] if relevant.any() else relevant.nonzero()[0]
-        if len(cand):
-            t_scores = np.zeros(len(loaded.themes) + 1, dtype=np.float32)  # the extra slot serves root documents
-            loaded.theme_table.score(q.strong, t_scores)
-            final = scores[cand] + _THEME_PRIOR * t_scores[loaded.theme_of[cand]]
-            top = cand[np.lexsort((loaded.path_rank[cand], -final))][:candidates]
-            final_of = dict(zip(cand.tolist(), final.tolist(), strict=True))
-            for idx in top.tolist():
-                entry = loaded.entries[idx]
-                weak_gain = sum(_WEAK_WEIGHT for ch in q.weak if ch in entry.blob)
-                hits.append(_Hit(entry, idx, final_of[idx] + weak_gain, "matched"))
     if scope:
         for idx in np.nonzero(loaded.conditional)[0].tolist():
-            entry = loaded.entries[idx]
-            glob = any_match(entry.globs, scope)
+            doc = loaded.index.docs[idx]
+            glob = any_match(doc.item.paths, scope)
             if glob is not None:
-                hits.append(_Hit(entry, idx, 0.0, f"scope glob {glob}"))
-    # Rules for the files the user is working on come first: the message is about those files.
-    hits.sort(key=lambda h: (h.reason == "matched", -h.score, h.entry.path))
+                hits.append(_Hit(idx, doc.path, "document", doc.item, 0.0, f"scope glob {glob}"))
+    candidates = np.nonzero((scored.scores > 0) & ~loaded.conditional)[0]
+    if len(candidates) and float(scored.cover()[candidates].max()) >= min_relevance:
+        t_scores, _ = _theme_scores(loaded, scored)
+        final = scored.scores[candidates] + THEME_PRIOR * t_scores[loaded.theme_of[candidates]]
+        order = np.lexsort((loaded.path_rank[candidates], -final))[:limit]
+        for i in order.tolist():
+            idx = int(candidates[i])
+            doc = loaded.index.docs[idx]
+            hits.append(_Hit(idx, doc.path, "document", doc.item, float(final[i]), "matched"))
     return hits
 
 
-# -- assembling the text ------------------------------------------------------------------------------------------
+def _matched(scored: _Scored, idx: int) -> tuple[str, ...]:
+    """The question's terms that document ``idx`` holds (computed only for the hits returned)."""
+    if idx < 0:
+        return ()
+    return tuple(sorted(t.term for t in scored.per_term if t.in_entry[idx] or t.body_sat[idx] > 0))
 
 
-def _read_original(kb: Path, rel: str) -> str | None:
-    """The document's text (frontmatter and HTML comments dropped), or ``None`` when it cannot be served."""
-    path = kb / rel
-    try:
-        real = Path(os.path.realpath(path))
-        if not real.is_relative_to(kb) or not rel.endswith(".md") or ".." in rel.split("/"):
-            return None
-        text = real.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()
+def _check_relevance(min_relevance: float) -> None:
+    if not 0.0 <= min_relevance <= 1.0:
+        raise UsageError(f"min_relevance must be between 0 and 1, got {min_relevance}")
 
 
-_BOUNDARY = re.compile(r"\n\s*\n|\n(?=#{1,6} )")
-
-
-def cut_to_budget(text: str, budget_tokens: int) -> str | None:
-    """The longest prefix of ``text`` that ends at a heading or paragraph boundary and fits ``budget_tokens``.
-
-    ``None`` when not even the first paragraph fits. Cuts fall between whole paragraphs, never inside a character.
-    """
-    if estimate_tokens(text) <= budget_tokens:
-        return text
-    best: str | None = None
-    used, start = 0, 0
-    for m in _BOUNDARY.finditer(text):
-        used += estimate_tokens(text[start : m.start()])  # counted piece by piece: linear, not quadratic
-        start = m.start()
-        if used > budget_tokens:
-            break
-        best = text[: m.start()].rstrip()
-    return best or None
+def _scope(message: str, paths: Sequence[str]) -> list[str]:
+    return [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message[:MAX_MESSAGE_CHARS])
 
 
 def search(
@@ -469,56 +375,44 @@ def search(
     limit: int | None = 10,
     themes: bool = False,
     explain: bool = True,
+    min_relevance: float = DEFAULT_MIN_RELEVANCE,
 ) -> list[ContextItem]:
     """The ranked entries for ``message`` (best first, at most ``limit``; ``None``: all) without reading files.
 
-    Documents only, unless ``themes``: then theme entries that share at least two strong terms with the message
-    rank among them (``level`` says which). ``explain=False`` leaves ``matched`` empty, which is cheaper for long
-    rankings. Empty when nothing relevant matched (where :func:`build_context` would fall back).
+    Documents only, unless ``themes``: then theme entries that match the question rank among them (``level``
+    says which). ``explain=False`` leaves ``matched`` empty, which is cheaper for long rankings. Empty when the
+    question is off topic (where :func:`build_context` would fall back): no document covers ``min_relevance`` of
+    its informative weight.
     """
+    _check_relevance(min_relevance)
     loaded = _CACHE.get(_kb_root(kb))
-    scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
-    q = _query(message)
-    hits = _rank(loaded, q, scope, candidates=len(loaded.entries) if limit is None else max(limit, _CANDIDATES))
+    scored = _score(loaded, _query_terms(message, loaded))
+    hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
     items = [
         ContextItem(
-            h.entry.path,
-            h.entry.level,
-            h.score,
-            h.entry.item.title,
-            h.entry.item.summary,
-            h.reason,
-            _matched(loaded, q, h.idx) if explain else (),
+            h.path, h.level, h.score, h.item.title, h.item.summary, h.reason, _matched(scored, h.idx) if explain else ()
         )
         for h in hits
     ]
-    if themes and loaded.themes:
-        t_scores = np.zeros(len(loaded.themes), dtype=np.float32)
-        loaded.theme_table.score(q.strong, t_scores)
-        for i in np.nonzero(t_scores > 0)[0].tolist():
-            entry = loaded.themes[i]
-            matched = tuple(sorted(t for t in q.strong if loaded.theme_table.holds(t, i)))
-            if len(matched) >= MIN_MATCHED_TERMS or items:
-                matched = matched if explain else ()
+    if themes and loaded.index.themes:
+        t_scores, t_cover = _theme_scores(loaded, scored)
+        on_topic = any(h.reason == "matched" for h in hits)
+        for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
+            if on_topic or t_cover[i] >= min_relevance:
+                t = loaded.index.themes[i]
+                matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
                 items.append(
-                    ContextItem(
-                        entry.path,
-                        "theme",
-                        float(t_scores[i]),
-                        entry.item.title,
-                        entry.item.summary,
-                        "matched",
-                        matched,
-                    )
+                    ContextItem(t.dir, "theme", float(t_scores[i]), t.item.title, t.item.summary, "matched", matched)
                 )
-        items.sort(key=lambda it: (-it.score, it.path))
+        items.sort(key=lambda it: (it.reason == "matched", -it.score, it.path))
     return items if limit is None else items[:limit]
 
 
 def _kb_root(kb: str | os.PathLike[str]) -> Path:
     root = Path(kb)
     if not root.is_dir():
-        raise KBNotFoundError(f"knowledge folder '{kb}' does not exist: pass the folder that holds index.json")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds index.json")
     return root.resolve()
 
 
@@ -530,37 +424,84 @@ def build_context(
     budget_tokens: int = DEFAULT_BUDGET_TOKENS,
     max_docs: int = DEFAULT_MAX_DOCS,
     fallback_docs: Sequence[str] = DEFAULT_FALLBACK_DOCS,
+    min_relevance: float = DEFAULT_MIN_RELEVANCE,
 ) -> Context:
     """Choose the documents ``message`` is about and return their original text within ``budget_tokens``.
 
     ``paths`` are attachment paths (the files the user is working on); paths written in the message count too.
-    Entries with ``paths`` globs enter only when one of those paths matches. When nothing relevant matches, the
-    designated overview documents (``fallback_docs``) are returned instead, and the result says so.
+    Entries with ``paths`` globs enter only when one of those paths matches. When no document covers
+    ``min_relevance`` of the question's informative weight, the overview is returned instead and the result says
+    so: the first of ``fallback_docs`` that exist, else the KB's root ``README.md``/``index.md``, else an overview
+    written from the root index's entries. A document longer than the room left hands over its head and the
+    sections that match the question.
     """
     if budget_tokens < 50:
         raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
     if max_docs < 1:
         raise UsageError(f"max_docs must be at least 1, got {max_docs}")
+    _check_relevance(min_relevance)
     root = _kb_root(kb)
     loaded = _CACHE.get(root)
-    scope = [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message)
-    q = _query(message)
-    hits = _rank(loaded, q, scope)
+    scored = _score(loaded, _query_terms(message, loaded))
+    hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
     fallback = not any(h.reason == "matched" for h in hits)
-    reason = "matched the question" if not fallback else "no document matched the question: overview documents"
     if fallback:
-        hits = [h for h in hits if h.reason != "matched"]
-        for name in fallback_docs:
-            entry = loaded.by_path.get(name)
-            if entry is None and (root / name).is_file():
-                item = DocItem(name, Path(name).stem, "")
-                entry = _Entry(name, "document", item, None, (), "")
-            if entry is not None and all(h.entry.path != name for h in hits):
-                hits.append(_Hit(entry, -1, 0.0, "fallback"))
-    ctx = _assemble(root, hits, max_docs, fallback, reason, budget_tokens, lambda h: _matched(loaded, q, h.idx))
+        reason = "no document matched the question: overview documents"
+        hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
+    else:
+        reason = "matched the question"
+    ctx = _assemble(root, loaded, hits, max_docs, fallback, reason, budget_tokens, scored)
     if loaded.skill_library and ctx.items:
         ctx = replace(ctx, skills=_skill_closures(root, ctx.items))
     return ctx
+
+
+def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: list[_Hit]) -> list[_Hit]:
+    """The named overview documents that exist; else the root README/index page; else the root index itself."""
+    seen = {h.path for h in taken}
+    out: list[_Hit] = []
+    for name in names:
+        name = normalize_path(name)
+        if name in seen or not name.endswith(".md") or ".." in name.split("/"):
+            continue
+        idx = loaded.by_path.get(name, -1)
+        if idx >= 0:
+            out.append(_Hit(idx, name, "document", loaded.index.docs[idx].item, 0.0, "fallback"))
+        elif (root / name).is_file():
+            out.append(_Hit(-1, name, "document", DocItem(name, Path(name).stem, ""), 0.0, "fallback"))
+        seen.add(name)
+    if out:
+        return out
+    try:
+        readme = sorted(p.name for p in root.iterdir() if p.name.casefold() in _README_NAMES and p.is_file())
+    except OSError:
+        readme = []
+    if readme and readme[0] not in seen:
+        name = readme[0]
+        idx = loaded.by_path.get(name, -1)
+        item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
+        return [_Hit(idx, name, "document", item, 0.0, "fallback")]
+    return [
+        _Hit(
+            -1,
+            INDEX_FILE,
+            "overview",
+            DocItem(INDEX_FILE, "Overview", "what this knowledge base holds"),
+            0.0,
+            "fallback",
+        )
+    ]
+
+
+def _overview_text(loaded: _Loaded) -> str:
+    """A readable overview written from the root index's entries: every theme and root document, one line each."""
+    lines = ["This knowledge base holds:", ""]
+    for t in loaded.index.themes:
+        lines.append(f"- {t.item.title or t.dir} ({t.dir}/): {t.item.summary}".rstrip(": "))
+    for d in loaded.index.docs:
+        if d.theme is None:
+            lines.append(f"- {d.item.title or d.path} ({d.path}): {d.item.summary}".rstrip(": "))
+    return "\n".join(lines)
 
 
 def _skill_closures(root: Path, items: Sequence[ContextItem]) -> tuple[dict[str, Any], ...]:
@@ -584,14 +525,162 @@ def _skill_closures(root: Path, items: Sequence[ContextItem]) -> tuple[dict[str,
     return tuple(out)
 
 
+# -- assembling the text ------------------------------------------------------------------------------------------
+
+
+def _read_original(kb: Path, rel: str) -> str | None:
+    """The document's text (frontmatter and HTML comments dropped), or ``None`` when it cannot be served."""
+    path = kb / rel
+    try:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(kb) or not rel.endswith(".md") or ".." in rel.split("/"):
+            return None
+        text = real.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()
+
+
+_FENCE = re.compile(r" {0,3}(?:```|~~~)")
+_HEADING_LINE = re.compile(r"#{1,6}[ \t]")
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    start: int
+    tokens: int
+    in_fence: bool
+    """Inside a fenced code block (its delimiters included)."""
+    opens_block: bool
+    """Outside fences and the start of a paragraph or a heading: the best place to cut before."""
+    heading: bool
+
+
+def _lines(text: str) -> list[_Line]:
+    out: list[_Line] = []
+    in_fence = False
+    prev_blank = True
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        fence = _FENCE.match(line) is not None
+        heading = not in_fence and not fence and _HEADING_LINE.match(line) is not None
+        blank = not line.strip()
+        out.append(
+            _Line(
+                pos,
+                estimate_tokens(line),
+                in_fence or fence,
+                not in_fence and not blank and (prev_blank or heading),
+                heading,
+            )
+        )
+        if fence:
+            in_fence = not in_fence
+        prev_blank = blank
+        pos += len(line)
+    return out
+
+
+def _cut(text: str, budget: int) -> str | None:
+    """The longest prefix of ``text`` within ``budget`` tokens, cut where a reader expects it.
+
+    Before a paragraph or a heading if that keeps at least half of what a cut at any line would; else at a line
+    outside code blocks; a code block larger than the budget is cut at a line and closed again; a single line
+    larger than the budget is cut at a character. ``None`` when not even one character fits.
+    """
+    if estimate_tokens(text) <= budget:
+        return text
+    lines = _lines(text)
+    used = 0
+    best_block = best_line = best_fence = 0
+    for i, line in enumerate(lines):
+        if i and used <= budget:
+            if not line.in_fence:
+                best_line = i
+                if line.opens_block:
+                    best_block = i
+            best_fence = i
+        used += line.tokens
+        if used > budget:
+            break
+    if best_line:
+        end = best_block if best_block and lines[best_block].start * 2 >= lines[best_line].start else best_line
+        return text[: lines[end].start].rstrip() or None
+    if best_fence:
+        return text[: lines[best_fence].start].rstrip() + "\n```"
+    first = text[: lines[0].start + 4 * max(budget, 0)] if lines else ""
+    while first and estimate_tokens(first) > budget:
+        first = first[: len(first) * 3 // 4]
+    return first.rstrip() or None
+
+
+def cut_to_budget(text: str, budget_tokens: int) -> str | None:
+    """The longest prefix of ``text`` that fits ``budget_tokens``, cut at a paragraph, heading or line boundary.
+
+    Never inside a character, never inside a fenced code block (one larger than the budget is closed after the
+    cut). ``None`` when nothing fits.
+    """
+    return _cut(text, budget_tokens)
+
+
+def _fit(text: str, budget: int, terms: Sequence[str], vocab: frozenset[str]) -> str | None:
+    """``text`` within ``budget`` tokens: its head, then the sections that match the question best.
+
+    A long document is rarely about the question from its first line on: the matching sections are what the
+    agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
+    """
+    lines = _lines(text)
+    starts = [ln.start for ln in lines if ln.heading]
+    bounds = [0, *(s for s in starts if s > 0), len(text)]
+    sections = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    wanted = set(terms)
+    if len(sections) < 2 or not wanted:
+        return _cut(text, budget)
+    scores = [(len(wanted.intersection(analyze(text[s:e], vocab))), i) for i, (s, e) in enumerate(sections) if i]
+    matching = sorted((x for x in scores if x[0] > 0), key=lambda x: (-x[0], x[1]))
+    if not matching:
+        return _cut(text, budget)
+    head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
+    chosen: dict[int, str] = {0: head} if head else {}
+    left = budget - (estimate_tokens(head) if head else 0)
+    for _, i in matching:
+        s, e = sections[i]
+        piece = text[s:e].rstrip()
+        cost = estimate_tokens(piece) + estimate_tokens(_OMITTED_MARK)
+        if cost <= left:
+            chosen[i] = piece
+            left -= cost
+        elif len(chosen) <= 1:  # the best section does not fit whole: hand over its start
+            part = _cut(piece, left - estimate_tokens(_OMITTED_MARK))
+            if part:
+                chosen[i] = part
+            break
+    out = ""
+    for i in sorted(chosen):
+        if out:
+            out += (
+                "\n\n"
+                if i - 1 in chosen and chosen[i - 1] == text[sections[i - 1][0] : sections[i - 1][1]].rstrip()
+                else _OMITTED_MARK
+            )
+        out += chosen[i]
+    return out or None
+
+
+def _one_line(value: str) -> str:
+    """A title or path as one line of the header: a newline in a file name must not forge prompt lines."""
+    return value.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _assemble(
     root: Path,
+    loaded: _Loaded,
     hits: list[_Hit],
     max_docs: int,
     fallback: bool,
     reason: str,
     budget: int,
-    matched: Callable[[_Hit], tuple[str, ...]],
+    scored: _Scored,
 ) -> Context:
     parts: list[str] = []
     items: list[ContextItem] = []
@@ -600,38 +689,35 @@ def _assemble(
     for hit in hits:
         if len(items) >= max_docs:
             break
-        text = _read_original(root, hit.entry.path)
+        text = _overview_text(loaded) if hit.level == "overview" else _read_original(root, hit.path)
         if text is None:
-            missing.append(hit.entry.path)
+            missing.append(hit.path)
             continue
-        header = f"## {hit.entry.item.title or hit.entry.path}\n(source: {hit.entry.path})\n\n"
+        header = f"## {_one_line(hit.item.title or hit.path)}\n(source: {_one_line(hit.path)})\n\n"
         room = budget - used - estimate_tokens(header)
         if room <= 0:
             break
-        truncated = False
-        body = cut_to_budget(text, room)
-        if body is None or body != text:
-            mark = _TRUNCATION_MARK.format(path=hit.entry.path)
-            body = cut_to_budget(text, room - estimate_tokens(mark))
-            if body is None:
-                break  # not even its first paragraph fits: the budget is spent
-            body += mark
-            truncated = True
-        chunk = header + body
+        truncated = estimate_tokens(text) > room
+        if truncated:
+            mark = _TRUNCATION_MARK.format(path=_one_line(hit.path))
+            fitted = _fit(text, room - estimate_tokens(mark), scored.terms, loaded.index.vocab)
+            if fitted is None:
+                break  # not even a line fits: the budget is spent
+            text = fitted + mark
+        chunk = header + text
         used += estimate_tokens(chunk) + 1
         if truncated:
             used = budget  # the cut document is the last one
         parts.append(chunk)
-        e = hit.entry
         items.append(
             ContextItem(
-                e.path,
-                e.level,
+                hit.path,
+                hit.level,
                 hit.score,
-                e.item.title,
-                e.item.summary,
+                hit.item.title,
+                hit.item.summary,
                 hit.reason,
-                matched(hit),
+                _matched(scored, hit.idx),
                 truncated,
                 estimate_tokens(chunk),
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kindex.errors import AnswerError
@@ -22,7 +23,7 @@ def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] =
         raise AnswerError(f"the object has no usable {' or '.join(missing)} (non-empty strings are required)")
     globs = author_paths or tuple(g for g in item.paths if supported_glob(g, evidence))
     if globs != item.paths:
-        item = DocItem(item.path, item.title, item.summary, item.tags, globs)
+        item = replace(item, paths=globs)
     return item
 
 
@@ -113,6 +114,7 @@ def _fill_doc(item: DocItem, default: DocItem) -> DocItem:
         title=item.title or default.title,
         summary=item.summary or default.summary,
         tags=item.tags or default.tags,
+        questions=item.questions or default.questions,
         # Root documents are overviews: only their author can make one conditional (frontmatter globs).
         paths=default.paths,
     )

@@ -26,6 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, File, Query, Request, UploadFil
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -33,7 +34,13 @@ from kindex import generate, skills
 from kindex.errors import KindexError
 from kindex.llm import LLMSettings
 from kindex.model import INDEX_FILE, parse_index
-from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, build_context
+from kindex.retrieve import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_FALLBACK_DOCS,
+    DEFAULT_MAX_DOCS,
+    DEFAULT_MIN_RELEVANCE,
+    build_context,
+)
 from kindex.scan import scan
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -162,6 +169,18 @@ class ContextRequest(BaseModel):
     paths: list[str] = Field(default=[], max_length=50, description="Attachment paths (files the user works on).")
     budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=50, le=200_000)
     max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=50)
+    min_relevance: float = Field(
+        default=DEFAULT_MIN_RELEVANCE,
+        strict=True,
+        ge=0.0,
+        le=1.0,
+        description="On topic when a document covers this share of the question's informative weight.",
+    )
+    fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None,
+        max_length=20,
+        description="Overview documents for off-topic messages (KB-relative); default: the KB's usual overview.",
+    )
 
 
 class ContextItemModel(BaseModel):
@@ -496,10 +515,18 @@ def create_app(
         summary="BuildContext for one chat message",
     )
     async def context(agent_id: str, body: ContextRequest) -> Response:
-        # Runs on the event loop: a warm call is ~2 ms of CPU, less than a hop to the thread pool and back, and the
-        # answer is serialised directly (the dataclass is the contract; re-validating it would double the cost).
-        ctx = build_context(
-            agent_kb(agent_id), body.message, paths=body.paths, budget_tokens=body.budget_tokens, max_docs=body.max_docs
+        # Off the event loop: a warm call is a few ms, but the first call after a reindex loads the tables (and a
+        # KB whose tables are missing is analysed in full), which must not stall other agents' requests. The answer
+        # is serialised directly (the dataclass is the contract; re-validating it would double the cost).
+        ctx = await run_in_threadpool(
+            build_context,
+            agent_kb(agent_id),
+            body.message,
+            paths=body.paths,
+            budget_tokens=body.budget_tokens,
+            max_docs=body.max_docs,
+            min_relevance=body.min_relevance,
+            fallback_docs=DEFAULT_FALLBACK_DOCS if body.fallback_docs is None else body.fallback_docs,
         )
         return Response(orjson.dumps(ctx.to_dict()), media_type="application/json")
 

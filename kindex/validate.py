@@ -86,9 +86,10 @@ def _entries(obj: dict[str, Any], label: str, key: str, id_field: str) -> list[s
         tags = entry.get("tags")
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             problems.append(f"{where} 'tags' is not a list of strings")
-        globs = entry.get("paths")
-        if globs is not None and (not isinstance(globs, list) or not all(isinstance(g, str) for g in globs)):
-            problems.append(f"{where} 'paths' is not a list of strings")
+        for optional in ("paths", "questions"):
+            value = entry.get(optional)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                problems.append(f"{where} {optional!r} is not a list of strings")
     return problems
 
 

@@ -67,6 +67,11 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     assert ctx.status_code == 200
     body = ctx.json()
     assert body["items"][0]["path"] == "billing/退款政策.md" and not body["fallback"] and body["tokens"] <= 500
+    off = {"message": "讲个笑话", "fallback_docs": ["billing/套餐与价格.md"]}
+    body = call(app, "POST", f"{BASE}/context", json=off).json()
+    assert body["fallback"] and [i["path"] for i in body["items"]] == ["billing/套餐与价格.md"]
+    strict = {"message": "周末出去玩的时候可以退款吗", "min_relevance": 1.0}
+    assert call(app, "POST", f"{BASE}/context", json=strict).json()["fallback"]
 
     assert call(app, "GET", f"{BASE}/index").json()["themes"][0]["dir"] == "account"
     assert call(app, "GET", f"{BASE}/index/billing").json()["themes"] == []
@@ -126,6 +131,9 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
         ("POST", f"{BASE}/reindex/sub/doc", {"dir": "billing", "path": "x" * 2000}, 422, "invalid_request"),
         ("POST", f"{BASE}/reindex/sub", {"directory": "billing"}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": 1}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "min_relevance": 1.5}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "min_relevance": False}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": [""]}, 422, "invalid_request"),
         ("GET", "/v1/nowhere", None, 404, "not_found"),
     ],
 )

@@ -1,0 +1,96 @@
+"""How the dev sets answer to kindex's retrieval knobs: field weights, theme prior, and the on-topic threshold.
+
+    python bench/tune_dev.py [--keep DIR]
+
+Only the dev sets are read (apisix/zh FAQ questions, bench/queries/handwritten.json, bench/queries/offtopic.json
+with its near-domain messages); the held-out sets in bench/retrieval_quality.py are never looked at here, so the
+figures reported there were not fitted. Prints, per setting, the dev nDCG@10 with ranking alone (no fallback),
+and for the on-topic decision the share of dev on-topic questions and off-topic messages that fall back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from retrieval_quality import KBS, faq_queries, per_query  # noqa: E402
+
+import kindex  # noqa: E402
+from kindex import retrieve  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keep", type=Path)
+    args = ap.parse_args()
+    handwritten = json.loads((HERE / "queries" / "handwritten.json").read_text(encoding="utf-8"))
+    offtopic = json.loads((HERE / "queries" / "offtopic.json").read_text(encoding="utf-8"))
+    tmp = tempfile.TemporaryDirectory()
+    work = args.keep or Path(tmp.name)
+    on: list[tuple[Path, str, list[str]]] = []
+    off: list[tuple[Path, str]] = []
+    for name in ("apisix/zh", "fastapi/zh"):
+        kb = work / ("dev-" + name.replace("/", "-"))
+        if not kb.exists():
+            shutil.copytree(KBS[name], kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        if (kb / "FAQ.md").exists():
+            on.extend((kb, q, t) for q, t in faq_queries(kb))
+            (kb / "FAQ.md").unlink()
+        kindex.reindex(kb)
+        on.extend((kb, q, t) for q, t in handwritten[name])
+        off.extend((kb, m) for m in offtopic["messages"] + offtopic["near_domain"][name])
+
+    def ranking_ndcg() -> float:
+        retrieve.clear_cache()
+        got = [per_query([i.path for i in kindex.search(kb, q, min_relevance=0.0)], t) for kb, q, t in on]
+        return sum(g["ndcg@10"] for g in got) / len(got)
+
+    print(f"dev: {len(on)} on-topic questions, {len(off)} off-topic messages")
+    print(f"ranking nDCG@10 with the defaults: {ranking_ndcg():.3f}")
+    for field in retrieve.FIELD_WEIGHTS:
+        base = retrieve.FIELD_WEIGHTS[field]
+        row = []
+        for factor in (0.0, 0.5, 2.0):
+            retrieve.FIELD_WEIGHTS[field] = base * factor
+            row.append(f"x{factor}: {ranking_ndcg():.3f}")
+        retrieve.FIELD_WEIGHTS[field] = base
+        print(f"  weight {field} ({base}): " + ", ".join(row))
+    base_prior = retrieve.THEME_PRIOR
+    for prior in (0.0, 0.3, 1.0):
+        retrieve.THEME_PRIOR = prior
+        print(f"  theme prior {prior}: {ranking_ndcg():.3f}")
+    retrieve.THEME_PRIOR = base_prior
+
+    retrieve.clear_cache()
+
+    def best_cover(kb: Path, message: str, body_cover: float) -> float:
+        loaded = retrieve._CACHE.get(kb.resolve())
+        scored = retrieve._score(loaded, retrieve._query_terms(message, loaded))
+        cand = (scored.scores > 0) & ~loaded.conditional
+        return float(scored.cover(body_cover)[cand].max()) if cand.any() else 0.0
+
+    base_unseen = retrieve.UNSEEN_HAN_WEIGHT
+    for unseen in (0.0, 0.25, 0.5, 1.0):
+        retrieve.UNSEEN_HAN_WEIGHT = unseen
+        for body_cover in (0.5, 0.8, 1.0):
+            on_c = np.array([best_cover(kb, q, body_cover) for kb, q, _ in on])
+            off_c = np.array([best_cover(kb, m, body_cover) for kb, m in off])
+            cells = [f"{t}: {np.mean(on_c < t):.0%}/{np.mean(off_c < t):.0%}" for t in (0.2, 0.25, 0.3, 0.35, 0.4, 0.5)]
+            label = f"unseen Han {unseen}, body cover {body_cover}: threshold: on-topic/off-topic fell back"
+            print(label + " " + ", ".join(cells))
+    retrieve.UNSEEN_HAN_WEIGHT = base_unseen
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

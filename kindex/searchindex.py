@@ -1,0 +1,380 @@
+"""The search index of a KB: analysed fields of every document in BM25F postings, saved under ``.kindex/``.
+
+Generation writes it (:func:`update`), retrieval reads it (:func:`load`); neither imports the other.
+
+Each field (title, tags, summary, questions, headings, path, body) is one postings table: per term, the documents
+holding it and how often. Terms are stored as 64-bit hashes in a sorted array, so a cold process loads the tables
+with a few array reads instead of parsing a vocabulary (a collision between two real terms is a 1-in-10^19 event and
+would cost one spurious match). Scores are computed at query time from raw frequencies (BM25F: field-weighted,
+length-normalised frequencies summed before one saturation, rarity from the documents holding the term in any
+field), so field weights can change without a rebuild.
+
+Updating is per document: a document whose entry and body are unchanged keeps its postings as they are (remapped
+with vectorised array operations); only a changed document is read and analysed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
+from kindex.errors import IndexMissingError
+from kindex.model import INDEX_FILE, DocItem, parse_index
+from kindex.scan import Scan, clean_body, headings_of, split_frontmatter
+from kindex.store import STATE_DIR, atomic_write
+
+SEARCH_FILE = "search.npz"
+FORMAT = 1
+FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "body")
+ENTRY_FIELDS = FIELDS[:-1]
+BODY_TERMS_PER_DOC = 5000
+"""A document keeps at most its most frequent body terms: bounds the table whatever the documents' length."""
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int32]
+HashArray = npt.NDArray[np.uint64]
+
+
+def term_hash(term: str) -> int:
+    """The stable 64-bit key of a term in the saved tables."""
+    return int.from_bytes(hashlib.blake2b(term.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True, slots=True)
+class DocRecord:
+    """What retrieval needs of one document without opening the index files."""
+
+    path: str
+    """KB-relative path."""
+    theme: str | None
+    item: DocItem
+    key: str
+    """Hash of everything its terms came from (entry, headings, body, analyzer version)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThemeRecord:
+    dir: str
+    item: DocItem
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One document as generation hands it to :func:`build`: its entry, headings and a way to read its body."""
+
+    path: str
+    theme: str | None
+    item: DocItem
+    headings: tuple[str, ...]
+    body_sha: str
+    read_body: Callable[[], str]
+
+
+class FieldTable:
+    """Postings of one field: sorted term hashes, their document lists and term frequencies."""
+
+    __slots__ = ("docs", "hashes", "offsets", "tfs")
+
+    def __init__(self, hashes: HashArray, offsets: npt.NDArray[np.int64], docs: IntArray, tfs: FloatArray) -> None:
+        self.hashes = hashes
+        self.offsets = offsets
+        self.docs = docs
+        self.tfs = tfs
+
+    @classmethod
+    def empty(cls) -> FieldTable:
+        return cls(np.zeros(0, np.uint64), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+
+    def postings(self, h: int) -> tuple[IntArray, FloatArray] | None:
+        i = int(np.searchsorted(self.hashes, np.uint64(h)))
+        if i >= len(self.hashes) or int(self.hashes[i]) != h:
+            return None
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.docs[lo:hi], self.tfs[lo:hi]
+
+    @classmethod
+    def merge(cls, old: FieldTable, mapping: IntArray, new: Sequence[tuple[int, Mapping[int, float]]]) -> FieldTable:
+        """``old`` with document ``i`` renumbered ``mapping[i]`` (``-1`` drops it), plus ``new`` (doc, {hash: tf})."""
+        old_hash = np.repeat(old.hashes, np.diff(old.offsets))
+        old_doc = mapping[old.docs] if len(old.docs) else old.docs
+        keep = old_doc >= 0
+        n_new = sum(len(row) for _, row in new)
+        new_hash = np.fromiter((h for _, row in new for h in row), np.uint64, n_new)
+        new_doc = np.fromiter((d for d, row in new for _ in row), np.int32, n_new)
+        new_tf = np.fromiter((tf for _, row in new for tf in row.values()), np.float32, n_new)
+        hashes = np.concatenate([old_hash[keep], new_hash])
+        docs = np.concatenate([old_doc[keep], new_doc]).astype(np.int32)
+        tfs = np.concatenate([old.tfs[keep], new_tf]).astype(np.float32)
+        # Two sorted runs (the kept postings, then the new ones sorted below): a stable sort merges them in
+        # linear time.
+        order = np.argsort(hashes, kind="stable")
+        hashes, docs, tfs = hashes[order], docs[order], tfs[order]
+        if len(hashes):
+            starts = np.concatenate(([0], np.nonzero(hashes[1:] != hashes[:-1])[0] + 1))
+            offsets = np.concatenate((starts, [len(hashes)])).astype(np.int64)
+            unique = hashes[starts]
+        else:
+            offsets, unique = np.zeros(1, np.int64), hashes
+        return cls(unique, offsets, docs, tfs)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchIndex:
+    """Everything retrieval needs of a KB: documents, themes, vocabulary and the postings of every field."""
+
+    docs: tuple[DocRecord, ...]
+    themes: tuple[ThemeRecord, ...]
+    vocab: frozenset[str]
+    fields: Mapping[str, FieldTable]
+    lengths: FloatArray
+    """Terms per document and field, shape (documents, fields)."""
+    signature: tuple[tuple[str, int, int], ...]
+    """(index file, mtime_ns, size) of every index file the entries were read from."""
+
+    def postings(self, field: str, term: str) -> tuple[IntArray, FloatArray] | None:
+        return self.fields[field].postings(term_hash(term))
+
+    def save(self, kb: Path) -> None:
+        """Write the index atomically as one ``.npz`` of plain arrays (no pickle: a hostile file cannot run code)."""
+        meta = {
+            "format": FORMAT,
+            "analyzer": ANALYZER_VERSION,
+            "signature": self.signature,
+            "vocab": sorted(self.vocab),
+            "docs": [[d.path, d.theme, d.key, d.item.to_dict()] for d in self.docs],
+            "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
+        }
+        arrays: dict[str, Any] = {"meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8), "lengths": self.lengths}
+        for name, table in self.fields.items():
+            arrays[f"{name}.hashes"] = table.hashes
+            arrays[f"{name}.offsets"] = table.offsets
+            arrays[f"{name}.docs"] = table.docs
+            arrays[f"{name}.tfs"] = table.tfs
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(kb / STATE_DIR / SEARCH_FILE, buf.getvalue())
+
+
+def load(kb: Path) -> SearchIndex | None:
+    """The saved search index of ``kb``, or ``None`` when it is missing, unreadable or of another version."""
+    try:
+        with np.load(kb / STATE_DIR / SEARCH_FILE, allow_pickle=False) as data:
+            meta = orjson.loads(data["meta"].tobytes())
+            if meta.get("format") != FORMAT or meta.get("analyzer") != ANALYZER_VERSION:
+                return None
+            fields = {
+                name: FieldTable(
+                    data[f"{name}.hashes"], data[f"{name}.offsets"], data[f"{name}.docs"], data[f"{name}.tfs"]
+                )
+                for name in FIELDS
+            }
+            lengths = data["lengths"]
+        docs = tuple(DocRecord(path, theme, _item(obj), key) for path, theme, key, obj in meta["docs"])
+        themes = tuple(ThemeRecord(d, _item(obj)) for d, obj in meta["themes"])
+        signature = tuple((str(p), int(m), int(s)) for p, m, s in meta["signature"])
+        vocab = frozenset(meta["vocab"])
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+    if lengths.shape != (len(docs), len(FIELDS)):
+        return None
+    return SearchIndex(docs, themes, vocab, fields, lengths, signature)
+
+
+def _item(obj: Mapping[str, Any]) -> DocItem:
+    """An entry as :meth:`SearchIndex.save` wrote it (already cleaned when it was built)."""
+    return DocItem(
+        path=str(obj.get("path") or obj.get("dir", "")),
+        title=str(obj.get("title", "")),
+        summary=str(obj.get("summary", "")),
+        tags=tuple(obj.get("tags", ())),
+        paths=tuple(obj.get("paths", ())),
+        questions=tuple(obj.get("questions", ())),
+    )
+
+
+def signature_of(kb: Path, themes: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
+    """(file, mtime_ns, size) of the root index and each theme's index; (file, 0, -1) for one that is missing."""
+    out = []
+    for rel in (INDEX_FILE, *(f"{t}/{INDEX_FILE}" for t in themes)):
+        try:
+            st = (kb / rel).stat()
+            out.append((rel, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((rel, 0, -1))
+    return tuple(out)
+
+
+def _doc_fields(src: Source, vocab: frozenset[str]) -> dict[str, Counter[str]]:
+    item = src.item
+    path_words = src.path.removesuffix(".md").replace("/", " ").replace("_", " ").replace("-", " ")
+    body = Counter(analyze(src.read_body(), vocab))
+    if len(body) > BODY_TERMS_PER_DOC:
+        body = Counter(dict(sorted(body.items(), key=lambda kv: (-kv[1], kv[0]))[:BODY_TERMS_PER_DOC]))
+    return {
+        "title": Counter(analyze(item.title, vocab)),
+        "tags": Counter(analyze(" \n".join(item.tags), vocab)),
+        "summary": Counter(analyze(item.summary, vocab)),
+        "questions": Counter(analyze(" \n".join(item.questions), vocab)),
+        "headings": Counter(analyze(" \n".join(src.headings), vocab)),
+        "path": Counter(analyze(path_words, vocab)),
+        "body": body,
+    }
+
+
+def _key(src: Source) -> str:
+    data = orjson.dumps([ANALYZER_VERSION, src.path, src.item.to_dict(), list(src.headings), src.body_sha])
+    return hashlib.sha256(data).hexdigest()
+
+
+def build(
+    sources: Sequence[Source],
+    themes: Sequence[ThemeRecord],
+    signature: tuple[tuple[str, int, int], ...],
+    previous: SearchIndex | None = None,
+) -> SearchIndex:
+    """The search index of ``sources``, reusing ``previous``'s postings of every document that did not change.
+
+    The vocabulary grows with the KB: terms of a changed document's entry are added, and documents analysed before
+    a term existed keep their postings (they still match by the term's words) until a full rebuild, which happens
+    when the analyzer changes or no previous index is given.
+    """
+    names: list[str] = []
+    for t in themes:
+        names.extend((t.item.title, *t.item.tags))
+    for s in sources:
+        names.extend((s.item.title, *s.item.tags, *s.headings))
+    vocab = vocabulary(names)
+    if previous is not None:
+        vocab = vocab | previous.vocab
+    old_at = {d.path: i for i, d in enumerate(previous.docs)} if previous is not None else {}
+    mapping = np.full(len(previous.docs) if previous is not None else 0, -1, dtype=np.int32)
+    records: list[DocRecord] = []
+    lengths = np.zeros((len(sources), len(FIELDS)), dtype=np.float32)
+    fresh: dict[str, list[tuple[int, dict[int, float]]]] = {f: [] for f in FIELDS}
+    hashes: dict[str, int] = {}
+    for i, src in enumerate(sources):
+        key = _key(src)
+        old = old_at.get(src.path)
+        if previous is not None and old is not None and previous.docs[old].key == key:
+            mapping[old] = i
+            lengths[i] = previous.lengths[old]
+        else:
+            for f, (name, counts) in enumerate(_doc_fields(src, vocab).items()):
+                lengths[i, f] = sum(counts.values())
+                row: dict[int, float] = {}
+                for term, n in counts.items():
+                    h = hashes.get(term)
+                    if h is None:
+                        h = hashes[term] = term_hash(term)
+                    row[h] = float(n)
+                fresh[name].append((i, row))
+        records.append(DocRecord(src.path, src.theme, src.item, key))
+    empty = FieldTable.empty()
+    fields = {f: FieldTable.merge(previous.fields[f] if previous else empty, mapping, fresh[f]) for f in FIELDS}
+    return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature)
+
+
+@dataclass(frozen=True, slots=True)
+class Entries:
+    """The entries of a KB's index files: what the search index is built from."""
+
+    docs: tuple[tuple[str, str | None, DocItem], ...]
+    """(KB-relative path, theme or ``None``, entry) of every document entry."""
+    themes: tuple[ThemeRecord, ...]
+    signature: tuple[tuple[str, int, int], ...]
+    problems: tuple[str, ...]
+
+
+def read_entries(kb: Path) -> Entries:
+    """Read the root index and every theme index it lists; :class:`IndexMissingError` without a root index.
+
+    A theme index that is missing or unreadable is reported in ``problems`` and contributes no documents.
+    """
+    root_path = kb / INDEX_FILE
+    try:
+        root, problems = parse_index(root_path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
+    except (OSError, ValueError) as exc:
+        raise IndexMissingError(
+            f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
+        ) from None
+    docs: list[tuple[str, str | None, DocItem]] = [(d.path, None, d) for d in root.documents if "/" not in d.path]
+    themes: list[ThemeRecord] = []
+    for t in root.themes:
+        if "/" in t.dir or t.dir.startswith(".") or t.dir in ("", ".."):
+            problems.append(f"theme {t.dir!r} is not a first-level folder: ignored")
+            continue
+        themes.append(ThemeRecord(t.dir, DocItem(t.dir, t.title, t.summary, t.tags, t.paths)))
+        try:
+            sub, sub_problems = parse_index((kb / t.dir / INDEX_FILE).read_bytes())
+        except (OSError, ValueError) as exc:
+            problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
+            continue
+        problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
+        docs.extend((f"{t.dir}/{d.path}", t.dir, d) for d in sub.documents if ".." not in d.path.split("/"))
+    signature = signature_of(kb, [t.dir for t in themes])
+    return Entries(tuple(docs), tuple(themes), signature, tuple(problems))
+
+
+def update(kb: Path, scan: Scan) -> bool:
+    """Bring the saved search index of ``kb`` up to date with its index files and documents.
+
+    Only documents whose entry, headings or content changed are read and analysed. Returns whether the file was
+    rewritten (not when nothing changed).
+    """
+    entries = read_entries(kb)
+    by_rel = {d.rel: d for d in scan.documents}
+    sources = []
+    for rel, theme, item in entries.docs:
+        doc = by_rel.get(rel)
+        if doc is not None:
+            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc)))
+    previous = load(kb)
+    index = build(sources, entries.themes, entries.signature, previous)
+    if (
+        previous is not None
+        and previous.signature == index.signature
+        and previous.themes == index.themes
+        and [d.key for d in previous.docs] == [d.key for d in index.docs]
+    ):
+        return False
+    index.save(kb)
+    return True
+
+
+def from_files(kb: Path, entries: Entries) -> SearchIndex:
+    """A search index built in memory from the index files and the documents as they are on disk.
+
+    What retrieval falls back to when the saved index is missing or stale; a document that cannot be read is
+    searched by its entry alone.
+    """
+    sources = []
+    for rel, theme, item in entries.docs:
+        text = _read_body(kb, rel)
+        sources.append(Source(rel, theme, item, headings_of(text), "", partial(str, text)))
+    return build(sources, entries.themes, entries.signature)
+
+
+def _read_body(kb: Path, rel: str) -> str:
+    path = kb / rel
+    try:
+        if not Path(os.path.realpath(path)).is_relative_to(kb) or not rel.endswith(".md"):
+            return ""
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    _, body, _ = split_frontmatter(text.removeprefix("\ufeff"))
+    return clean_body(body)

@@ -1,0 +1,170 @@
+"""Word-level analysis, the search index, the on-topic decision and the fallback (issue 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kindex
+import kindex.retrieve
+from kindex import searchindex
+from kindex.analysis import analyze, vocabulary
+from kindex.cli import main
+from kindex.globs import glob_matches, usable_glob
+from kindex.model import QUESTIONS_MAX, doc_item_from
+from kindex.scan import scan
+
+
+@pytest.fixture
+def indexed(sample_kb: Path) -> Path:
+    kindex.reindex(sample_kb)
+    return sample_kb
+
+
+@pytest.mark.parametrize(
+    ("text", "terms"),
+    [
+        ("如何配置限流", ["配置", "限流"]),  # no "何配": fragments across words are no terms
+        ("今天上海会下雨吗，出门要不要带伞", ["上海", "下雨", "出门", "带伞"]),  # no "不要"/"要不"
+        ("word怎么自动生成目录", ["word", "自动", "生成", "目录"]),  # no "动生"
+        ("BackgroundTasks", ["backgroundtasks", "background", "task"]),
+        ("response_model", ["response_model", "respons", "model"]),
+        ("Ｃｏｏｋｉｅｓ", ["cooki"]),  # full-width, case-folded, stemmed
+        ("v1.2.3", ["v1.2.3"]),  # version numbers stay whole, their digits are no terms
+        ("中华人民共和国", ["中华人民共和国", "中华", "华人", "人民", "共和", "共和国"]),
+    ],
+)
+def test_analysis_gives_words_not_fragments(text: str, terms: list[str]) -> None:
+    assert analyze(text) == terms
+
+
+def test_the_kb_vocabulary_keeps_product_terms_whole() -> None:
+    vocab = vocabulary(["企业采购", "如何申请退款"])
+    assert vocab == frozenset({"企业采购"})  # a phrase with a question word is no term
+    assert analyze("企业采购流程", vocab) == ["企业", "采购", "流程", "企业采购"]
+    assert "企业采购" not in analyze("企业采购流程")
+
+
+def test_a_hostile_word_is_no_term_and_costs_nothing() -> None:
+    assert analyze("x" * 100_000) == []
+    assert analyze("a-" * 50_000) == []
+
+
+@pytest.mark.parametrize(
+    ("keyword", "expected"),
+    [
+        ("退款", "billing/退款政策.md"),
+        ("发票", "billing/发票开具.md"),
+        ("Webhook", "developer/Webhook回调.md"),
+        ("对公转账", "billing/企业采购/对公转账.md"),
+    ],
+)
+def test_one_keyword_finds_its_document(indexed: Path, keyword: str, expected: str) -> None:
+    ctx = kindex.build_context(indexed, keyword)
+    assert not ctx.fallback
+    assert ctx.items[0].path == expected
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["今天上海会下雨吗，出门要不要带伞", "给我讲个笑话", "git rebase 和 merge 有什么区别", "ok", "的了吗"],
+)
+def test_off_topic_messages_get_the_overview(indexed: Path, message: str) -> None:
+    ctx = kindex.build_context(indexed, message)
+    assert ctx.fallback and [i.reason for i in ctx.items] == ["fallback", "fallback"]
+    assert kindex.search(indexed, message) == []
+
+
+def test_the_relevance_threshold_is_a_setting(indexed: Path) -> None:
+    message = "周末出去玩的时候可以退款吗"
+    assert not kindex.build_context(indexed, message, min_relevance=0.0).fallback
+    assert kindex.build_context(indexed, message, min_relevance=1.0).fallback
+    with pytest.raises(kindex.UsageError, match="min_relevance must be between 0 and 1"):
+        kindex.build_context(indexed, message, min_relevance=1.5)
+
+
+def test_fallback_documents_are_configurable(indexed: Path) -> None:
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["billing/套餐与价格.md", "nope.md", "../x.md"])
+    assert ctx.fallback and [i.path for i in ctx.items] == ["billing/套餐与价格.md"]
+    assert ctx.text.startswith("## ")
+
+
+def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexed: Path) -> None:
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
+    assert [i.path for i in ctx.items] == ["index.json"] and ctx.items[0].level == "overview"
+    assert "billing/" in ctx.text and ctx.text.strip()  # never an empty context
+
+    (indexed / "README.md").write_text("# 青禾账本帮助中心\n\n从这里开始。\n", encoding="utf-8")
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
+    assert [i.path for i in ctx.items] == ["README.md"] and "从这里开始" in ctx.text
+
+
+def test_questions_are_an_optional_bounded_field_indexed_for_search(indexed: Path) -> None:
+    item = doc_item_from({"title": "t", "summary": "s", "questions": ["a?", "a?", *[f"q{i}" for i in range(9)]]}, "x")
+    assert item.questions[0] == "a?" and len(item.questions) == QUESTIONS_MAX
+    assert doc_item_from({"title": "t", "summary": "s", "questions": 5}, "x").questions == ()
+
+    # The extractive generator derives them from the section headings.
+    billing = kindex.parse_index((indexed / "billing" / "index.json").read_bytes())[0]
+    refund = billing.document("退款政策.md")
+    assert refund is not None and "一、什么情况可以退款" in refund.questions
+
+
+def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    analysed: list[str] = []
+    real = searchindex._doc_fields
+    monkeypatch.setattr(searchindex, "_doc_fields", lambda src, vocab: analysed.append(src.path) or real(src, vocab))
+    doc = indexed / "billing" / "自动续费.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n海外信用卡付款失败时，请改用支付宝。\n", encoding="utf-8")
+
+    kindex.doc(indexed, "billing", "自动续费.md")
+
+    assert analysed == ["billing/自动续费.md"]
+    assert kindex.search(indexed, "海外信用卡付款失败")[0].path == "billing/自动续费.md"
+    kindex.reindex(indexed)
+    assert analysed == ["billing/自动续费.md"]  # nothing changed since: nothing analysed again
+
+
+def test_update_reports_whether_the_tables_were_rewritten(indexed: Path) -> None:
+    assert searchindex.update(indexed, scan(indexed)) is False
+    saved = searchindex.load(indexed)
+    assert saved is not None and len(saved.docs) == 21
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "matches"),
+    [
+        ("**/*.{ts,tsx}", "web/src/App.tsx", True),
+        ("**/*.{ts,tsx}", "App.ts", True),
+        ("[jt]s/*.md", "js/a.md", True),
+        ("*.tsx", "src/deep/App.tsx", True),  # a glob without "/" matches the file name
+        ("src/**", "src/a/b.py", True),
+        ("**/*.tsx", "src/App.ts", False),
+        ("**/a/**/b", "a/" * 125_000, False),  # a 250 KB path is no real path: no match, at once
+    ],
+)
+def test_globs(glob: str, path: str, matches: bool) -> None:
+    assert glob_matches(glob, path) is matches
+
+
+def test_globs_with_more_than_two_globstars_or_brace_bombs_are_not_kept() -> None:
+    assert usable_glob("src/**/components/**/*.tsx")
+    assert not usable_glob("**/a/**/b/**/c")
+    assert not usable_glob("{a,b}" * 12)
+    assert doc_item_from({"title": "t", "summary": "s", "paths": ["**/a/**/b/**/c", "**/*.tsx"]}, "x").paths == (
+        "**/*.tsx",
+    )
+
+
+def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["context", str(indexed), "-", "--json"], input="发票怎么开\n")
+    assert result.exit_code == 0 and '"path": "billing/发票开具.md"' in result.stdout
+
+    result = runner.invoke(main, ["context", str(indexed), "讲个笑话", "--fallback", "billing/套餐与价格.md"])
+    assert result.exit_code == 0 and "(source: billing/套餐与价格.md)" in result.stdout
+
+    result = runner.invoke(main, ["context", str(indexed), "退款", "--min-relevance", "2"])
+    assert result.exit_code == 2 and "--min-relevance" in result.stderr
