@@ -122,16 +122,23 @@ class Context:
 # -- the loaded index ---------------------------------------------------------------------------------------------
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
+def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
+    """(mtime_ns, size) of each file, ``None`` for a missing one: what tells a loaded index is still current."""
+    out: list[tuple[int, int] | None] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 @dataclass(slots=True)
 class _Loaded:
+    watched: tuple[str, ...]
+    """The index files and the saved tables, as strings: stat-ed on every call (pathlib would cost more)."""
     signature: tuple[Any, ...]
     index: SearchIndex
     stale: bool
@@ -171,8 +178,14 @@ def _load(kb: Path) -> _Loaded:
     for c in theme_terms:
         theme_df.update(c.keys())
     paths = [d.path for d in index.docs]
+    watched = (
+        str(kb / INDEX_FILE),
+        *(str(kb / t.dir / INDEX_FILE) for t in index.themes),
+        str(kb / STATE_DIR / SEARCH_FILE),
+    )
     return _Loaded(
-        signature=_signature(kb, index),
+        watched=watched,
+        signature=_stats(watched),
         index=index,
         stale=stale,
         problems=problems,
@@ -188,10 +201,6 @@ def _load(kb: Path) -> _Loaded:
     )
 
 
-def _signature(kb: Path, index: SearchIndex) -> tuple[Any, ...]:
-    return (signature_of(kb, [t.dir for t in index.themes]), _stat(kb / STATE_DIR / SEARCH_FILE))
-
-
 class _IndexCache:
     """Loaded indexes per KB, reloaded when an index file or the saved search tables changed on disk."""
 
@@ -201,7 +210,7 @@ class _IndexCache:
 
     def get(self, kb: Path) -> _Loaded:
         current = self._loaded.get(kb)
-        if current is not None and _signature(kb, current.index) == current.signature:
+        if current is not None and _stats(current.watched) == current.signature:
             return current
         with self._lock:
             loaded = _load(kb)
@@ -223,10 +232,20 @@ _CACHE = _IndexCache()
 class _Term:
     term: str
     idf: float
-    df: int
+    docs: npt.NDArray[np.int32]
+    """The documents holding the term in any field, sorted."""
     in_entry: npt.NDArray[np.bool_]
+    """Per document of ``docs``: the term is in its entry (title, tags, summary, questions, headings, path)."""
     body_sat: npt.NDArray[np.float32]
-    """The term's saturated body frequency per document, in [0, 1): one passing mention counts little."""
+    """Per document of ``docs``: its saturated body frequency, in [0, 1): one passing mention counts little."""
+
+    @property
+    def df(self) -> int:
+        return len(self.docs)
+
+    def holds(self, idx: int) -> bool:
+        i = int(np.searchsorted(self.docs, idx))
+        return i < len(self.docs) and int(self.docs[i]) == idx
 
 
 @dataclass(slots=True)
@@ -244,7 +263,7 @@ class _Scored:
             weight = informative(t.term, t.idf, t.df)
             total += weight
             if weight and t.df:
-                covered += weight * np.maximum(t.in_entry, body_cover * t.body_sat)
+                covered[t.docs] += weight * np.maximum(t.in_entry, body_cover * t.body_sat)
         return covered / total if total else covered
 
 
@@ -268,30 +287,44 @@ def _query_terms(message: str, loaded: _Loaded) -> list[str]:
 
 
 def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
+    """BM25F scores of every document, computed on the postings of the question's terms only (sparse)."""
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     per_term: list[_Term] = []
     for term in terms:
         h = term_hash(term)
-        wtf = np.zeros(n, dtype=np.float32)
-        in_entry = np.zeros(n, dtype=np.bool_)
-        body_sat = np.zeros(n, dtype=np.float32)
+        parts: list[tuple[str, npt.NDArray[np.int32], npt.NDArray[np.float32]]] = []
         for name in FIELDS:
             hit = loaded.index.fields[name].postings(h)
-            if hit is None:
-                continue
-            docs, tfs = hit
-            contribution = tfs * loaded.inv[name][docs]
-            wtf[docs] += contribution
-            if name == "body":
-                body_sat[docs] = contribution / (K1 + contribution)
-            else:
-                in_entry[docs] = True
-        df = int(np.count_nonzero(wtf))
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        if df:
-            scores += idf * wtf / (K1 + wtf)
-        per_term.append(_Term(term, idf, df, in_entry, body_sat))
+            if hit is not None:
+                parts.append((name, hit[0], hit[1] * loaded.inv[name][hit[0]]))
+        if not parts:
+            empty = np.zeros(0, dtype=np.int32)
+            idf = math.log(1 + (n + 0.5) / 0.5)
+            per_term.append(_Term(term, idf, empty, np.zeros(0, np.bool_), np.zeros(0, np.float32)))
+            continue
+        if len(parts) == 1:
+            name, docs, wtf = parts[0]
+            order = np.argsort(docs, kind="stable")
+            docs, wtf = docs[order], wtf[order]
+            in_entry = np.full(len(docs), name != "body", dtype=np.bool_)
+            body_sat = (wtf / (K1 + wtf)).astype(np.float32) if name == "body" else np.zeros(len(docs), np.float32)
+        else:
+            # Dense scratch rows over all documents: linear, cheaper than sorting the union for common terms.
+            dense = np.zeros(n, dtype=np.float32)
+            entry_dense = np.zeros(n, dtype=np.bool_)
+            sat_dense = np.zeros(n, dtype=np.float32)
+            for name, d, w in parts:
+                dense[d] += w
+                if name == "body":
+                    sat_dense[d] = w / (K1 + w)
+                else:
+                    entry_dense[d] = True
+            docs = np.flatnonzero(dense).astype(np.int32)
+            wtf, in_entry, body_sat = dense[docs], entry_dense[docs], sat_dense[docs]
+        idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
+        scores[docs] += (idf * wtf / (K1 + wtf)).astype(np.float32)
+        per_term.append(_Term(term, idf, docs.astype(np.int32), in_entry, body_sat))
     return _Scored(terms, scores, per_term)
 
 
@@ -343,6 +376,9 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
     if len(candidates) and float(scored.cover()[candidates].max()) >= min_relevance:
         t_scores, _ = _theme_scores(loaded, scored)
         final = scored.scores[candidates] + THEME_PRIOR * t_scores[loaded.theme_of[candidates]]
+        if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
+            keep = np.nonzero(final >= np.partition(final, len(final) - limit)[len(final) - limit])[0]
+            candidates, final = candidates[keep], final[keep]
         order = np.lexsort((loaded.path_rank[candidates], -final))[:limit]
         for i in order.tolist():
             idx = int(candidates[i])
@@ -355,7 +391,7 @@ def _matched(scored: _Scored, idx: int) -> tuple[str, ...]:
     """The question's terms that document ``idx`` holds (computed only for the hits returned)."""
     if idx < 0:
         return ()
-    return tuple(sorted(t.term for t in scored.per_term if t.in_entry[idx] or t.body_sat[idx] > 0))
+    return tuple(sorted(t.term for t in scored.per_term if t.holds(idx)))
 
 
 def _check_relevance(min_relevance: float) -> None:
