@@ -43,7 +43,11 @@ def main() -> None:
         kb = work / ("dev-" + name.replace("/", "-"))
         if not kb.exists():
             shutil.copytree(KBS[name], kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
-        if (kb / "FAQ.md").exists():
+            if (kb / "FAQ.md").exists():  # kept beside the KB: it holds every FAQ question verbatim
+                (kb / "FAQ.md").rename(kb.parent / f"{kb.name}-FAQ.md")
+        faq = kb.parent / f"{kb.name}-FAQ.md"
+        if faq.exists():
+            shutil.copy(faq, kb / "FAQ.md")
             on.extend((kb, q, t) for q, t in faq_queries(kb))
             (kb / "FAQ.md").unlink()
         kindex.reindex(kb)
@@ -80,7 +84,7 @@ def main() -> None:
         return float(scored.cover(body_cover)[cand].max()) if cand.any() else 0.0
 
     base_unseen = retrieve.UNSEEN_HAN_WEIGHT
-    for unseen in (0.0, 0.25, 0.5, 1.0):
+    for unseen in (0.0, 0.25, 0.5):
         retrieve.UNSEEN_HAN_WEIGHT = unseen
         for body_cover in (0.5, 0.8, 1.0):
             on_c = np.array([best_cover(kb, q, body_cover) for kb, q, _ in on])

@@ -34,7 +34,7 @@ from kindex.tokenize import estimate_tokens
 DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
 DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
-DEFAULT_MIN_RELEVANCE = 0.25
+DEFAULT_MIN_RELEVANCE = 0.2
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
 """Only the start of a longer message is analysed: the question is in there, and analysis stays bounded."""
@@ -45,16 +45,17 @@ FIELD_WEIGHTS = {
     "title": 3.0,
     "tags": 2.5,
     "summary": 1.0,
-    "questions": 2.0,
+    "questions": 1.0,
     "headings": 1.5,
     "path": 1.5,
-    "body": 1.0,
+    "body": 0.5,
 }
 FIELD_B = {"title": 0.3, "tags": 0.3, "summary": 0.5, "questions": 0.5, "headings": 0.6, "path": 0.3, "body": 0.75}
 K1 = 1.2
 BODY_COVER = 0.5
 """How much a word found only in a document's body counts towards covering the question (its entry counts 1)."""
-UNSEEN_HAN_WEIGHT = 0.25
+UNSEEN_HAN_WEIGHT = 0.0
+SINGLE_HAN_WEIGHT = 0.25
 THEME_PRIOR = 0.3
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _OMITTED_MARK = "\n\n[…]\n\n"
@@ -270,20 +271,31 @@ class _Scored:
 def informative(term: str, idf: float, df: int) -> float:
     """How much ``term`` says about what a question is about: its rarity in the KB, with two exceptions.
 
-    Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses is more
-    often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full of them), so it weighs
-    ``UNSEEN_HAN_WEIGHT`` of a rare word; a Latin-script word the KB never uses names something else (git, MySQL,
-    Django) and keeps its full weight.
+    Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
+    tell its documents apart and is more often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full
+    of them): it weighs ``UNSEEN_HAN_WEIGHT`` of its rarity. A single Chinese character is usually a verb or a
+    particle the segmenter left alone (没, 先, 发), sometimes a subject (税): ``SINGLE_HAN_WEIGHT``. A Latin-script
+    word the KB never uses names something else (git, MySQL, Django) and keeps its full weight.
     """
     if term.isdigit():
         return 0.0
-    if df == 0 and has_han(term):
-        return UNSEEN_HAN_WEIGHT * idf
+    if has_han(term):
+        if df == 0:
+            return UNSEEN_HAN_WEIGHT * idf
+        if len(term) == 1:
+            return SINGLE_HAN_WEIGHT * idf
     return idf
 
 
 def _query_terms(message: str, loaded: _Loaded) -> list[str]:
     return list(dict.fromkeys(analyze(message[:MAX_MESSAGE_CHARS], loaded.index.vocab)))
+
+
+def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Plain BM25 saturation of a body frequency (the ranking weight of the body field taken out again), so the
+    on-topic decision does not move when the body's ranking weight is tuned."""
+    tf = body_weighted_tf / FIELD_WEIGHTS["body"]
+    return (tf / (K1 + tf)).astype(np.float32)
 
 
 def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
@@ -308,7 +320,7 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
             order = np.argsort(docs, kind="stable")
             docs, wtf = docs[order], wtf[order]
             in_entry = np.full(len(docs), name != "body", dtype=np.bool_)
-            body_sat = (wtf / (K1 + wtf)).astype(np.float32) if name == "body" else np.zeros(len(docs), np.float32)
+            body_sat = _saturate(wtf) if name == "body" else np.zeros(len(docs), np.float32)
         else:
             # Dense scratch rows over all documents: linear, cheaper than sorting the union for common terms.
             dense = np.zeros(n, dtype=np.float32)
@@ -317,13 +329,15 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
             for name, d, w in parts:
                 dense[d] += w
                 if name == "body":
-                    sat_dense[d] = w / (K1 + w)
+                    sat_dense[d] = _saturate(w)
                 else:
                     entry_dense[d] = True
             docs = np.flatnonzero(dense).astype(np.int32)
             wtf, in_entry, body_sat = dense[docs], entry_dense[docs], sat_dense[docs]
         idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
-        scores[docs] += (idf * wtf / (K1 + wtf)).astype(np.float32)
+        # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
+        weight = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
+        scores[docs] += (weight * idf * wtf / (K1 + wtf)).astype(np.float32)
         per_term.append(_Term(term, idf, docs.astype(np.int32), in_entry, body_sat))
     return _Scored(terms, scores, per_term)
 

@@ -78,7 +78,7 @@ def test_off_topic_messages_get_the_overview(indexed: Path, message: str) -> Non
 
 
 def test_the_relevance_threshold_is_a_setting(indexed: Path) -> None:
-    message = "周末出去玩的时候可以退款吗"
+    message = "Kubernetes 上能退款吗"  # a name the KB never uses: half the question is not covered
     assert not kindex.build_context(indexed, message, min_relevance=0.0).fallback
     assert kindex.build_context(indexed, message, min_relevance=1.0).fallback
     with pytest.raises(kindex.UsageError, match="min_relevance must be between 0 and 1"):
