@@ -6,18 +6,14 @@ import sys
 from typing import Any
 
 import click
-import orjson
 
 from kindex import skills
-from kindex.cli import _json_opt, _kb_arg, _model_opts, _options, main
+from kindex.commands.index import model_opts, options_from
+from kindex.commands.options import json_opt, kb_arg, print_json
 
 
-def _print_json(obj: Any) -> None:
-    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
-
-
-@main.command()
-@_kb_arg
+@click.command()
+@kb_arg
 @click.argument("query")
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True, help="Distinct skills to return.")
 @click.option(
@@ -27,7 +23,7 @@ def _print_json(obj: Any) -> None:
     multiple=True,
     help="Only hits of this level (repeatable): 0 skill summary, 1 folder overview, 2 file.",
 )
-@_json_opt
+@json_opt
 def find(kb: str, query: str, limit: int, levels: tuple[int, ...], as_json: bool) -> None:
     """Find the skills of library KB that match QUERY: one best hit per skill, best first.
 
@@ -37,7 +33,7 @@ def find(kb: str, query: str, limit: int, levels: tuple[int, ...], as_json: bool
     """
     hits = skills.find_skills(kb, query, limit=limit, levels=levels or None)
     if as_json:
-        _print_json([h.to_dict() for h in hits])
+        print_json([h.to_dict() for h in hits])
         return
     if not hits:
         click.echo("no skill matches", err=True)
@@ -46,19 +42,19 @@ def find(kb: str, query: str, limit: int, levels: tuple[int, ...], as_json: bool
         click.echo(f"{h.score:7.2f}  {h.name}  ->  {h.uri} (level {h.level}){deps}")
 
 
-@main.group("skills")
+@click.group("skills")
 def skills_group() -> None:
     """Manage a skill library: validate, import and export ZIP packages, delete, sync to a workspace."""
 
 
 @skills_group.command("validate")
-@_kb_arg
-@_json_opt
+@kb_arg
+@json_opt
 def validate_cmd(kb: str, as_json: bool) -> None:
     """Check every SKILL.md against the Agent Skills rules and the dependencies; exit 1 listing problems."""
     problems = skills.validate_skills(kb)
     if as_json:
-        _print_json({"ok": not problems, "problems": [{"file": p.file, "rule": p.rule} for p in problems]})
+        print_json({"ok": not problems, "problems": [{"file": p.file, "rule": p.rule} for p in problems]})
     else:
         for p in problems:
             click.echo(str(p))
@@ -69,7 +65,7 @@ def validate_cmd(kb: str, as_json: bool) -> None:
 
 
 @skills_group.command("import")
-@_kb_arg
+@kb_arg
 @click.argument("package", type=click.Path(dir_okay=False, exists=True))
 @click.option("--replace", is_flag=True, help="Replace a skill of the same name (backed up; restored on failure).")
 @click.option(
@@ -86,15 +82,15 @@ def validate_cmd(kb: str, as_json: bool) -> None:
     show_default=True,
     help="Refuse archives with more files.",
 )
-@_model_opts
+@model_opts
 def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: int, **kw: Any) -> None:
     """Install a one-skill ZIP into KB and index it. A taken name becomes NAME-v2 unless --replace."""
     as_json = kw.pop("as_json")
     result = skills.import_skill(
-        kb, package, replace=replace, options=_options(kw, None), max_bytes=max_bytes, max_files=max_files
+        kb, package, replace=replace, options=options_from(kw, None), max_bytes=max_bytes, max_files=max_files
     )
     if as_json:
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
         return
     how = "replaced" if result.replaced else "installed"
     renamed = f" (renamed from {result.renamed_from}: that name was taken)" if result.renamed_from else ""
@@ -102,7 +98,7 @@ def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: 
 
 
 @skills_group.command("export")
-@_kb_arg
+@kb_arg
 @click.argument("name")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The ZIP file to write.")
 def export_cmd(kb: str, name: str, output: str) -> None:
@@ -112,7 +108,7 @@ def export_cmd(kb: str, name: str, output: str) -> None:
 
 
 @skills_group.command("delete")
-@_kb_arg
+@kb_arg
 @click.argument("name")
 @click.option("--wait", type=float, default=0.0, show_default=True, help="Seconds to wait for another writer.")
 def delete_cmd(kb: str, name: str, wait: float) -> None:
@@ -129,14 +125,14 @@ def delete_cmd(kb: str, name: str, wait: float) -> None:
 @click.argument("dest", type=click.Path(file_okay=False), required=False)
 @click.option("--only", multiple=True, metavar="NAME", help="Sync only these skills (repeatable).")
 @click.option("--zip", "zip_out", type=click.Path(dir_okay=False), help="Write the changes as one ZIP instead.")
-@_json_opt
+@json_opt
 def sync_cmd(src: str, dest: str | None, only: tuple[str, ...], zip_out: str | None, as_json: bool) -> None:
     """Copy the skills of library SRC into workspace DEST, sending only what changed since the last sync."""
     if dest is None and zip_out is None:
         raise click.UsageError("give DEST, --zip OUT.zip, or both")
     result = skills.sync_skills(src, dest, only=only, zip_out=zip_out)
     if as_json:
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
         return
     click.echo(
         f"synced {len(result.synced)} skill(s), {len(result.unchanged)} unchanged, {len(result.removed)} removed"

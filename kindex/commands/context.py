@@ -1,0 +1,95 @@
+"""``kindex context``: BuildContext for one chat message. Imports only the retrieval path (no generation)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import orjson
+
+from kindex.commands.options import json_opt, kb_arg
+from kindex.retrieve import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_FALLBACK_DOCS,
+    DEFAULT_MAX_DOCS,
+    DEFAULT_MIN_RELEVANCE,
+    build_context,
+)
+
+
+@click.command()
+@kb_arg
+@click.argument("message")
+@click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
+@click.option(
+    "--budget",
+    type=click.IntRange(min=50),
+    default=DEFAULT_BUDGET_TOKENS,
+    show_default=True,
+    help="Token budget of the assembled text.",
+)
+@click.option(
+    "--max-docs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_DOCS,
+    show_default=True,
+    help="At most this many documents.",
+)
+@click.option(
+    "--min-relevance",
+    type=click.FloatRange(0.0, 1.0),
+    default=DEFAULT_MIN_RELEVANCE,
+    show_default=True,
+    help="On topic when a document covers this share of the question's informative weight; else the overview.",
+)
+@click.option(
+    "--fallback",
+    "fallback_docs",
+    multiple=True,
+    metavar="DOC",
+    help="Overview document for off-topic messages (repeatable; default 导读.md, 00-总则与功能导航.md, then the "
+    "KB's README.md/index.md, then an overview of the root index).",
+)
+@json_opt
+def context(
+    kb: str,
+    message: str,
+    paths: tuple[str, ...],
+    budget: int,
+    max_docs: int,
+    min_relevance: float,
+    fallback_docs: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Print the context for MESSAGE: the chosen documents' original text, within the budget.
+
+    MESSAGE "-" reads the message from standard input (for long messages).
+
+    \b
+    Example:
+      kindex context sample_kb "退款多久到账"
+      kindex context sample_kb "改一下金额组件" --path web/src/Money.tsx --json
+      echo "发票怎么开" | kindex context sample_kb -
+    """
+    if message == "-":
+        message = sys.stdin.read()
+    ctx = build_context(
+        kb,
+        message,
+        paths=paths,
+        budget_tokens=budget,
+        max_docs=max_docs,
+        min_relevance=min_relevance,
+        fallback_docs=fallback_docs or DEFAULT_FALLBACK_DOCS,
+    )
+    if as_json:
+        click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        for item in ctx.items:
+            flag = ", truncated" if item.truncated else ""
+            click.echo(f"# {item.path}  score {item.score:.2f}  ({item.reason}{flag})", err=True)
+        if ctx.fallback:
+            click.echo(f"kindex: {ctx.reason}", err=True)
+        click.echo(ctx.text)
+    for path in ctx.missing:
+        click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)

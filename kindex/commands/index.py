@@ -1,0 +1,252 @@
+"""Generation commands: ``reindex``, ``root``, ``sub``, ``doc``, ``preview`` and ``validate``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import orjson
+
+from kindex import generate
+from kindex.commands.options import EXIT_PARTIAL, F, json_opt, kb_arg
+from kindex.llm import RESPONSE_FORMATS, LLMSettings
+from kindex.scan import DEFAULT_EXCERPT_CHARS
+from kindex.validate import validate as validate_kb
+
+
+def concurrency_opt(f: F) -> F:
+    return click.option(
+        "--concurrency",
+        type=click.IntRange(min=1),
+        default=generate.DEFAULT_CONCURRENCY,
+        show_default=True,
+        envvar="KINDEX_CONCURRENCY",
+        help="Model calls in flight at once (per run) [env KINDEX_CONCURRENCY].",
+    )(f)
+
+
+def model_opts(f: F) -> F:
+    options = [
+        click.option("--model", help="litellm model string, e.g. openai/gpt-4o-mini [env KINDEX_MODEL]."),
+        click.option("--api-base", help="Base URL of an OpenAI-compatible endpoint [env KINDEX_API_BASE]."),
+        click.option("--temperature", type=float, help="Sampling temperature (default 0.1) [env KINDEX_TEMPERATURE]."),
+        click.option("--timeout", type=float, help="Seconds per model call (default 60) [env KINDEX_TIMEOUT]."),
+        click.option("--max-tokens", type=int, help="Answer length cap (default 600) [env KINDEX_MAX_TOKENS]."),
+        click.option("--retries", type=int, help="Retries on 429/5xx/timeouts (default 4) [env KINDEX_RETRIES]."),
+        click.option(
+            "--response-format",
+            type=click.Choice(RESPONSE_FORMATS),
+            help="Ask for JSON output; auto picks what the provider supports [env KINDEX_RESPONSE_FORMAT].",
+        ),
+        concurrency_opt,
+        click.option(
+            "--excerpt-chars",
+            type=click.IntRange(min=100),
+            default=DEFAULT_EXCERPT_CHARS,
+            show_default=True,
+            help="Characters of each document shown to the model.",
+        ),
+        click.option("--force", is_flag=True, help="Ignore cached answers and ask the model again."),
+        click.option("--wait", type=float, default=0.0, show_default=True, help="Seconds to wait for another writer."),
+        json_opt,
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def options_from(kw: dict[str, Any], bar: Callable[[generate.Progress], None] | None) -> generate.Options:
+    llm = LLMSettings.from_env(
+        model=kw.pop("model"),
+        api_base=kw.pop("api_base"),
+        temperature=kw.pop("temperature"),
+        timeout=kw.pop("timeout"),
+        max_tokens=kw.pop("max_tokens"),
+        retries=kw.pop("retries"),
+        response_format=kw.pop("response_format"),
+    )
+    return generate.Options(
+        llm=llm,
+        concurrency=kw.pop("concurrency"),
+        excerpt_chars=kw.pop("excerpt_chars"),
+        force=kw.pop("force"),
+        wait=kw.pop("wait"),
+        on_progress=bar,
+    )
+
+
+def _announce(llm: LLMSettings) -> None:
+    if llm.configured:
+        where = f" at {llm.api_base}" if llm.api_base else ""
+        click.echo(f"kindex: generator: model {llm.model}{where}", err=True)
+    else:
+        click.echo(
+            "kindex: generator: extractive (offline, no model configured; use --model or KINDEX_MODEL for an LLM)",
+            err=True,
+        )
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None] | None]:
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar: Any = None
+
+    def update(p: generate.Progress) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=p.total, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False)
+        bar.total = p.total
+        bar.set_postfix_str(p.item[-40:], refresh=False)
+        bar.update(p.completed - bar.n)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _emit(report: generate.RunReport, as_json: bool) -> None:
+    if as_json:
+        click.echo(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        u = report.usage
+        cost = "cost unknown" if u.cost is None else f"cost ${u.cost:.4f}"
+        tokens = f"{u.prompt_tokens + u.completion_tokens:,} tokens ({cost})" if u.calls else "no tokens"
+        click.echo(
+            f"{report.step}: {report.completed}/{report.total} steps, {u.calls} model calls, "
+            f"{report.cache_hits} cached, {u.retries} retries, {len(report.failures)} failed, {tokens}, "
+            f"{report.wall_seconds:.1f} s"
+        )
+        if report.written:
+            click.echo("wrote: " + ", ".join(report.written))
+        for f in report.failures:
+            click.echo(f"failed: {f.path}: {f.reason} (kept its previous or an extractive entry)")
+    if report.failures:
+        click.echo(
+            f"kindex: {len(report.failures)} item(s) failed; their entries are extractive or previous ones. "
+            "Run the command again to retry them.",
+            err=True,
+        )
+        sys.exit(EXIT_PARTIAL)
+
+
+def _step(kw: dict[str, Any], call: Callable[[generate.Options], generate.RunReport]) -> None:
+    as_json = kw.pop("as_json")
+    with _progress_bar(True) as bar:
+        opts = options_from(kw, bar)
+        _announce(opts.llm)
+        report = call(opts)
+    _emit(report, as_json)
+
+
+@click.command()
+@kb_arg
+@model_opts
+@click.option(
+    "--dry-run", is_flag=True, help="Print the calls a run would make and their estimated cost; call nothing."
+)
+def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
+    """Write the whole index: KB/index.json, then every theme's KB/<theme>/index.json.
+
+    Unchanged documents are answered from the cache under KB/.kindex/, so a re-run costs only what changed.
+    Ctrl-C stops cleanly: what was answered is kept, and running again finishes the job.
+    """
+    if dry_run:
+        as_json = kw.pop("as_json")
+        plan = generate.dry_run(kb, options_from(kw, None))
+        if as_json:
+            click.echo(orjson.dumps(plan.to_dict(), option=orjson.OPT_INDENT_2).decode())
+            return
+        cost = "cost unknown" if plan.cost is None else f"about ${plan.cost:.4f}"
+        click.echo(
+            f"dry run ({plan.generator}): {len(plan.calls)} model calls, {plan.cached} answers cached, "
+            f"~{plan.prompt_tokens:,} prompt + ~{plan.completion_tokens:,} answer tokens, {cost}"
+        )
+        for item in plan.calls:
+            click.echo(f"  call: {item}")
+        return
+    _step(kw, lambda o: generate.reindex(kb, o))
+
+
+@click.command()
+@kb_arg
+@model_opts
+def root(kb: str, **kw: Any) -> None:
+    """Write only the root KB/index.json (root documents and one entry per theme)."""
+    _step(kw, lambda o: generate.root(kb, o))
+
+
+@click.command()
+@kb_arg
+@click.argument("dir_name", metavar="DIR")
+@model_opts
+def sub(kb: str, dir_name: str, **kw: Any) -> None:
+    """Write KB/DIR/index.json: one model call per document of theme DIR."""
+    _step(kw, lambda o: generate.sub(kb, dir_name, o))
+
+
+@click.command("doc")
+@kb_arg
+@click.argument("dir_name", metavar="DIR")
+@click.argument("path", metavar="PATH")
+@click.option("--clear-dir", is_flag=True, help="Start DIR/index.json afresh (the first document of a theme).")
+@model_opts
+def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> None:
+    """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR."""
+    _step(kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
+
+
+@click.command()
+@kb_arg
+@json_opt
+@click.option("--model", help="Model to estimate for [env KINDEX_MODEL].")
+def preview(kb: str, as_json: bool, model: str | None) -> None:
+    """Scan KB without calling a model: themes, documents, skipped files and a token estimate."""
+    p = generate.preview(kb, generate.Options(llm=LLMSettings.from_env(model=model)))
+    if as_json:
+        click.echo(orjson.dumps(p.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        return
+    d = p.to_dict()
+    click.echo(f"knowledge folder: {d['kb']}")
+    click.echo(f"root documents ({len(d['root_docs'])}): {', '.join(d['root_docs']) or '-'}")
+    click.echo(f"themes ({len(d['top_dirs'])}):")
+    for name, docs in d["top_dir_docs"].items():
+        click.echo(f"  {name}/  {len(docs)} documents")
+    click.echo(f"steps: 1 root + {p.steps_total - 1} documents = {p.steps_total}")
+    gen = f"model {p.model}" if p.llm_configured else "extractive (offline, no model configured)"
+    click.echo(f"generator: {gen}")
+    est = d["estimated_tokens"]
+    click.echo(
+        f"a full model run: {est['calls']} calls, ~{est['prompt']:,} prompt + ~{est['completion']:,} answer tokens"
+    )
+    for label, rows in (("skipped", d["skipped"]), ("warnings", d["warnings"])):
+        if rows:
+            click.echo(f"{label} ({len(rows)}):")
+            for row in rows:
+                click.echo(f"  {row['path']}: {row['reason']}")
+
+
+@click.command()
+@kb_arg
+@json_opt
+def validate(kb: str, as_json: bool) -> None:
+    """Check KB's index files against the folder and the JSON contract; exit 1 listing any problem."""
+    problems = validate_kb(kb)
+    if as_json:
+        click.echo(orjson.dumps({"ok": not problems, "problems": problems}, option=orjson.OPT_INDENT_2).decode())
+    elif problems:
+        for p in problems:
+            click.echo(p)
+    else:
+        click.echo("index is valid")
+    if problems:
+        click.echo(f"kindex: {len(problems)} problem(s) found", err=True)
+        sys.exit(1)

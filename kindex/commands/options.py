@@ -1,0 +1,26 @@
+"""Options and conventions shared by the command modules (no core imports: cheap for every command)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+EXIT_PARTIAL = 3
+"""A run that finished but left documents failed."""
+EXIT_INTERRUPTED = 130
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kb_arg(f: F) -> F:
+    return click.argument("kb", type=click.Path(path_type=str))(f)
+
+
+def json_opt(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
+
+
+def print_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())

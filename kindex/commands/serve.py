@@ -1,0 +1,54 @@
+"""``kindex serve``: the HTTP service (extra ``kindex[server]``)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kindex.commands.index import concurrency_opt
+from kindex.errors import KindexError, UsageError
+from kindex.llm import LLMSettings
+
+
+@click.command()
+@click.option(
+    "--kb-root",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Folder holding one knowledge folder per agent: KB-ROOT/<agent_id>/.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0 picks a free port.")
+@concurrency_opt
+def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
+    """Serve the reindex steps, BuildContext and tasks over HTTP (needs kindex[server]).
+
+    Routes live under /v1/agents/{agent_id}/knowledge/; OpenAPI at /docs. Requests must carry
+    `Authorization: Bearer $KINDEX_API_TOKEN`; without that variable the server listens on loopback only.
+    The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
+    """
+    import ipaddress
+    import logging
+    import os
+
+    token = os.environ.get("KINDEX_API_TOKEN") or None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if token is None and not loopback:
+        raise UsageError(f"refusing to listen on {host} without KINDEX_API_TOKEN: set a token, or use 127.0.0.1")
+    try:
+        import uvicorn
+
+        from kindex.server import create_app
+    except ImportError as exc:
+        raise KindexError(
+            f"the HTTP service needs its extra ({exc.name} is missing): pip install 'kindex[server]'"
+        ) from None
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    app = create_app(kb_root, token=token, llm=LLMSettings.from_env(), concurrency=concurrency)
+    auth = "bearer token required" if token else "no token: loopback only"
+    click.echo(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=30)
