@@ -11,6 +11,7 @@ and for the on-topic decision the share of dev on-topic questions and off-topic 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -83,16 +84,18 @@ def main() -> None:
         cand = (scored.scores > 0) & ~loaded.conditional
         return float(scored.cover(body_cover)[cand].max()) if cand.any() else 0.0
 
-    base_unseen = retrieve.UNSEEN_HAN_WEIGHT
-    for unseen in (0.0, 0.25, 0.5):
-        retrieve.UNSEEN_HAN_WEIGHT = unseen
-        for body_cover in (0.5, 0.8, 1.0):
+    base_unseen, base_ratio = retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO
+    for unseen, ratio in itertools.product((0.0, 0.25), (10.0, 100.0, 1000.0)):
+        retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO = unseen, ratio
+        for body_cover in (0.5, 0.8):
             on_c = np.array([best_cover(kb, q, body_cover) for kb, q, _ in on])
             off_c = np.array([best_cover(kb, m, body_cover) for kb, m in off])
             cells = [f"{t}: {np.mean(on_c < t):.0%}/{np.mean(off_c < t):.0%}" for t in (0.2, 0.25, 0.3, 0.35, 0.4, 0.5)]
-            label = f"unseen Han {unseen}, body cover {body_cover}: threshold: on-topic/off-topic fell back"
+            label = (
+                f"unseen Han {unseen}, specific ratio {ratio:g}, body cover {body_cover}: threshold: on/off fell back"
+            )
             print(label + " " + ", ".join(cells))
-    retrieve.UNSEEN_HAN_WEIGHT = base_unseen
+    retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO = base_unseen, base_ratio
     tmp.cleanup()
 
 

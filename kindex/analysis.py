@@ -80,6 +80,18 @@ def has_han(text: str) -> bool:
     return _HAN_CHAR.search(text) is not None
 
 
+BACKGROUND_TOKENS = 60_000_000
+"""About the number of tokens behind the segmenter's dictionary frequencies (jieba's reference corpus)."""
+
+
+def background_rate(word: str) -> float:
+    """How often ``word`` occurs per token in general Chinese, from the segmenter's dictionary frequencies.
+
+    A word the dictionary does not hold gets the small frequency it would need to be cut whole.
+    """
+    return max(int(rjieba.suggest_freq(word)), 1) / BACKGROUND_TOKENS
+
+
 def _stem(word: str) -> str:
     stem = _stem_cache.get(word)
     if stem is None:

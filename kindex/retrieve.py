@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import analyze, has_han
+from kindex.analysis import analyze, background_rate, has_han
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.model import INDEX_FILE, DocItem
@@ -34,7 +34,7 @@ from kindex.tokenize import estimate_tokens
 DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
 DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
-DEFAULT_MIN_RELEVANCE = 0.2
+DEFAULT_MIN_RELEVANCE = 0.3
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
 """Only the start of a longer message is analysed: the question is in there, and analysis stays bounded."""
@@ -56,6 +56,7 @@ BODY_COVER = 0.5
 """How much a word found only in a document's body counts towards covering the question (its entry counts 1)."""
 UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
+SPECIFIC_RATIO = 100.0
 THEME_PRIOR = 0.3
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _OMITTED_MARK = "\n\n[…]\n\n"
@@ -148,6 +149,8 @@ class _Loaded:
     n: int
     inv: dict[str, npt.NDArray[np.float32]]
     """Per field: its weight divided by each document's length normalisation."""
+    tokens: float
+    """Terms in the KB, all fields: the denominator of a term's rate of use."""
     theme_of: npt.NDArray[np.int32]
     conditional: npt.NDArray[np.bool_]
     path_rank: npt.NDArray[np.int64]
@@ -192,6 +195,7 @@ def _load(kb: Path) -> _Loaded:
         problems=problems,
         n=n,
         inv=inv,
+        tokens=max(float(index.lengths.sum()), 1.0),
         theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.int32),
         conditional=np.array([bool(d.item.paths) for d in index.docs], dtype=np.bool_),
         path_rank=np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64),
@@ -233,6 +237,8 @@ _CACHE = _IndexCache()
 class _Term:
     term: str
     idf: float
+    weight: float
+    """Its informative weight for the on-topic decision (see :func:`informative`)."""
     docs: npt.NDArray[np.int32]
     """The documents holding the term in any field, sorted."""
     in_entry: npt.NDArray[np.bool_]
@@ -261,30 +267,34 @@ class _Scored:
         covered = np.zeros(n, dtype=np.float32)
         total = 0.0
         for t in self.per_term:
-            weight = informative(t.term, t.idf, t.df)
-            total += weight
-            if weight and t.df:
-                covered[t.docs] += weight * np.maximum(t.in_entry, body_cover * t.body_sat)
+            total += t.weight
+            if t.weight and t.df:
+                covered[t.docs] += t.weight * np.maximum(t.in_entry, body_cover * t.body_sat)
         return covered / total if total else covered
 
 
-def informative(term: str, idf: float, df: int) -> float:
-    """How much ``term`` says about what a question is about: its rarity in the KB, with two exceptions.
+def informative(term: str, idf: float, df: int, kb_rate: float) -> float:
+    """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
 
     Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
     tell its documents apart and is more often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full
-    of them): it weighs ``UNSEEN_HAN_WEIGHT`` of its rarity. A single Chinese character is usually a verb or a
-    particle the segmenter left alone (没, 先, 发), sometimes a subject (税): ``SINGLE_HAN_WEIGHT``. A Latin-script
-    word the KB never uses names something else (git, MySQL, Django) and keeps its full weight.
+    of them): it weighs ``UNSEEN_HAN_WEIGHT`` of its rarity; a single Chinese character is usually a verb or a
+    particle the segmenter left alone (没, 先, 发), sometimes a subject (税): ``SINGLE_HAN_WEIGHT``. And a Chinese
+    word counts as a subject of this KB only as far as the KB uses it more than general Chinese does: ``kb_rate``
+    (its occurrences per token in the KB) against its rate in the segmenter's dictionary, on a log scale where
+    ``SPECIFIC_RATIO`` times the background rate or more counts fully and the background rate or less not at all
+    (名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects). A Latin-script word the KB
+    never uses names something else (git, MySQL, Django) and keeps its full weight.
     """
     if term.isdigit():
         return 0.0
-    if has_han(term):
-        if df == 0:
-            return UNSEEN_HAN_WEIGHT * idf
-        if len(term) == 1:
-            return SINGLE_HAN_WEIGHT * idf
-    return idf
+    if not has_han(term):
+        return idf
+    if df == 0:
+        return UNSEEN_HAN_WEIGHT * idf
+    ratio = kb_rate / background_rate(term)
+    specific = min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0) if ratio > 0 else 0.0
+    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specific
 
 
 def _query_terms(message: str, loaded: _Loaded) -> list[str]:
@@ -306,14 +316,17 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
     for term in terms:
         h = term_hash(term)
         parts: list[tuple[str, npt.NDArray[np.int32], npt.NDArray[np.float32]]] = []
+        occurrences = 0.0
         for name in FIELDS:
             hit = loaded.index.fields[name].postings(h)
             if hit is not None:
                 parts.append((name, hit[0], hit[1] * loaded.inv[name][hit[0]]))
+                occurrences += float(hit[1].sum())
         if not parts:
             empty = np.zeros(0, dtype=np.int32)
             idf = math.log(1 + (n + 0.5) / 0.5)
-            per_term.append(_Term(term, idf, empty, np.zeros(0, np.bool_), np.zeros(0, np.float32)))
+            weight = informative(term, idf, 0, 0.0)
+            per_term.append(_Term(term, idf, weight, empty, np.zeros(0, np.bool_), np.zeros(0, np.float32)))
             continue
         if len(parts) == 1:
             name, docs, wtf = parts[0]
@@ -338,7 +351,8 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
         # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
         weight = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
         scores[docs] += (weight * idf * wtf / (K1 + wtf)).astype(np.float32)
-        per_term.append(_Term(term, idf, docs.astype(np.int32), in_entry, body_sat))
+        weight = informative(term, idf, len(docs), occurrences / loaded.tokens)
+        per_term.append(_Term(term, idf, weight, docs.astype(np.int32), in_entry, body_sat))
     return _Scored(terms, scores, per_term)
 
 
@@ -355,7 +369,7 @@ def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.floa
     for t in scored.per_term:
         df = loaded.theme_df.get(t.term, 0)
         idf = math.log(1 + (k - df + 0.5) / (df + 0.5))
-        weight = informative(t.term, t.idf, t.df)
+        weight = t.weight
         total += weight
         for i, c in enumerate(loaded.theme_terms):
             tf = c.get(t.term, 0)

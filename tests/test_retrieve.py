@@ -241,11 +241,12 @@ def test_a_saved_table_that_no_longer_matches_the_index_is_not_used(indexed: Pat
 
 def test_a_doc_step_on_an_edited_document_refreshes_its_body_terms(indexed: Path) -> None:
     question = "海外信用卡付款失败怎么处理"
-    assert "billing/自动续费.md" not in [i.path for i in kindex.search(indexed, question)[:1]]
+    before = kindex.search(indexed, question, min_relevance=0.0)
+    assert before and before[0].path != "billing/自动续费.md"
     doc = indexed / "billing" / "自动续费.md"
     # A paragraph at the end: its words reach the body terms, not the entry (title, first paragraph, headings).
     doc.write_text(doc.read_text(encoding="utf-8") + "\n另外，海外信用卡付款失败时，请改用支付宝。\n", encoding="utf-8")
 
     kindex.doc(indexed, "billing", "自动续费.md")
 
-    assert kindex.search(indexed, question)[0].path == "billing/自动续费.md"
+    assert kindex.search(indexed, question, min_relevance=0.0)[0].path == "billing/自动续费.md"

@@ -122,7 +122,8 @@ def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch
     kindex.doc(indexed, "billing", "自动续费.md")
 
     assert analysed == ["billing/自动续费.md"]
-    assert kindex.search(indexed, "海外信用卡付款失败")[0].path == "billing/自动续费.md"
+    # One passing mention of everyday words is not enough to call a question on topic; the ranking still sees it.
+    assert kindex.search(indexed, "海外信用卡付款失败", min_relevance=0.0)[0].path == "billing/自动续费.md"
     kindex.reindex(indexed)
     assert analysed == ["billing/自动续费.md"]  # nothing changed since: nothing analysed again
 
