@@ -70,6 +70,11 @@ def main() -> None:
             row.append(f"x{factor}: {ranking_ndcg():.3f}")
         retrieve.FIELD_WEIGHTS[field] = base
         print(f"  weight {field} ({base}): " + ", ".join(row))
+    base_boost = retrieve.ENTRY_BOOST
+    for boost in (0.0, 0.25, 0.5, 1.0):
+        retrieve.ENTRY_BOOST = boost
+        print(f"  entry boost {boost}: {ranking_ndcg():.3f}")
+    retrieve.ENTRY_BOOST = base_boost
     base_prior = retrieve.THEME_PRIOR
     for prior in (0.0, 0.3, 1.0):
         retrieve.THEME_PRIOR = prior

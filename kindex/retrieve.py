@@ -46,7 +46,7 @@ FIELD_WEIGHTS = {
     "tags": 2.5,
     "summary": 1.0,
     "questions": 1.0,
-    "headings": 1.5,
+    "headings": 0.75,
     "path": 1.5,
     "body": 0.5,
 }
@@ -58,6 +58,7 @@ UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
 THEME_PRIOR = 0.3
+ENTRY_BOOST = 0.25
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _OMITTED_MARK = "\n\n[…]\n\n"
 _README_NAMES = ("readme.md", "index.md")
@@ -273,7 +274,7 @@ class _Scored:
         return covered / total if total else covered
 
 
-def informative(term: str, idf: float, df: int, kb_rate: float) -> float:
+def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
     """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
 
     Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
@@ -283,8 +284,9 @@ def informative(term: str, idf: float, df: int, kb_rate: float) -> float:
     word counts as a subject of this KB only as far as the KB uses it more than general Chinese does: ``kb_rate``
     (its occurrences per token in the KB) against its rate in the segmenter's dictionary, on a log scale where
     ``SPECIFIC_RATIO`` times the background rate or more counts fully and the background rate or less not at all
-    (名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects). A Latin-script word the KB
-    never uses names something else (git, MySQL, Django) and keeps its full weight.
+    (名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), unless a document is ``named``
+    by it (in its title or tags: 时区 in a database manual is an everyday word and a chapter). A Latin-script word
+    the KB never uses names something else (git, MySQL, Django) and keeps its full weight.
     """
     if term.isdigit():
         return 0.0
@@ -293,7 +295,7 @@ def informative(term: str, idf: float, df: int, kb_rate: float) -> float:
     if df == 0:
         return UNSEEN_HAN_WEIGHT * idf
     ratio = kb_rate / background_rate(term)
-    specific = min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0) if ratio > 0 else 0.0
+    specific = 1.0 if named else min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
     return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specific
 
 
@@ -304,7 +306,7 @@ def _query_terms(message: str, loaded: _Loaded) -> list[str]:
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Plain BM25 saturation of a body frequency (the ranking weight of the body field taken out again), so the
     on-topic decision does not move when the body's ranking weight is tuned."""
-    tf = body_weighted_tf / FIELD_WEIGHTS["body"]
+    tf = body_weighted_tf / max(FIELD_WEIGHTS["body"], 1e-6)
     return (tf / (K1 + tf)).astype(np.float32)
 
 
@@ -317,11 +319,13 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
         h = term_hash(term)
         parts: list[tuple[str, npt.NDArray[np.int32], npt.NDArray[np.float32]]] = []
         occurrences = 0.0
+        named = False
         for name in FIELDS:
             hit = loaded.index.fields[name].postings(h)
             if hit is not None:
                 parts.append((name, hit[0], hit[1] * loaded.inv[name][hit[0]]))
                 occurrences += float(hit[1].sum())
+                named = named or name in ("title", "tags")
         if not parts:
             empty = np.zeros(0, dtype=np.int32)
             idf = math.log(1 + (n + 0.5) / 0.5)
@@ -337,21 +341,34 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
         else:
             # Dense scratch rows over all documents: linear, cheaper than sorting the union for common terms.
             dense = np.zeros(n, dtype=np.float32)
+            present = np.zeros(n, dtype=np.bool_)
             entry_dense = np.zeros(n, dtype=np.bool_)
             sat_dense = np.zeros(n, dtype=np.float32)
             for name, d, w in parts:
                 dense[d] += w
+                present[d] = True
                 if name == "body":
                     sat_dense[d] = _saturate(w)
                 else:
                     entry_dense[d] = True
-            docs = np.flatnonzero(dense).astype(np.int32)
+            docs = np.flatnonzero(present).astype(np.int32)
             wtf, in_entry, body_sat = dense[docs], entry_dense[docs], sat_dense[docs]
         idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
         # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
-        weight = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
-        scores[docs] += (weight * idf * wtf / (K1 + wtf)).astype(np.float32)
-        weight = informative(term, idf, len(docs), occurrences / loaded.tokens)
+        qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
+        scores[docs] += (qw * idf * wtf / (K1 + wtf)).astype(np.float32)
+        if ENTRY_BOOST:
+            # The entries on their own, with their own rarity: "API" is in nearly every document of a gateway
+            # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
+            entry_w = np.zeros(len(docs), dtype=np.float32)
+            for name, d, w in parts:
+                if name != "body":
+                    entry_w[np.searchsorted(docs, d)] += w
+            entry_df = int(np.count_nonzero(entry_w))
+            if entry_df:
+                entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
+                scores[docs] += (ENTRY_BOOST * qw * entry_idf * entry_w / (K1 + entry_w)).astype(np.float32)
+        weight = informative(term, idf, len(docs), occurrences / loaded.tokens, named)
         per_term.append(_Term(term, idf, weight, docs.astype(np.int32), in_entry, body_sat))
     return _Scored(terms, scores, per_term)
 
