@@ -75,7 +75,24 @@ def glob_matches(glob: str, path: str) -> bool:
     return matcher is not None and _usable_path(path) and bool(matcher.match(path))
 
 
-def any_match(globs: Iterable[str], paths: Iterable[str]) -> str | None:
-    """The first glob that matches one of ``paths``, or ``None``."""
+def any_match(
+    globs: Iterable[str], paths: Iterable[str], compiled: dict[str, wcglob.WcMatcher[str] | None] | None = None
+) -> str | None:
+    """The first glob that matches one of ``paths``, or ``None``.
+
+    ``compiled`` is the caller's cache of compiled globs (a loaded index keeps one for all of its globs, which the
+    process-wide cache of ``glob_matches`` may be too small to hold).
+    """
     usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]
-    return next((g for g in globs for p in usable if glob_matches(g, p)), None)
+    if not usable:
+        return None
+    for glob in globs:
+        if compiled is None:
+            matcher = _compile(glob)
+        elif glob in compiled:
+            matcher = compiled[glob]
+        else:
+            matcher = compiled[glob] = _compile.__wrapped__(glob)
+        if matcher is not None and any(matcher.match(p) for p in usable):
+            return glob
+    return None

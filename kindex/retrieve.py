@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import analyze, background_rate, has_han
+from kindex.analysis import analyze, background_rate, has_han, normalize
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.globs import any_match, normalize_path, paths_in_text
+from kindex.markdown import Line
+from kindex.markdown import lines as markdown_lines
 from kindex.model import INDEX_FILE, DocItem
-from kindex.scan import clean_body, strip_frontmatter
+from kindex.scan import document_text, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
-from kindex.tokenize import estimate_tokens
+from kindex.tokenize import char_counts, estimate_tokens, tokens_of
 
 DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
@@ -37,7 +38,9 @@ DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
 DEFAULT_MIN_RELEVANCE = 0.3
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
-"""Only the start of a longer message is analysed: the question is in there, and analysis stays bounded."""
+"""Of a longer message only the start and the end are analysed (see :func:`_bounded`)."""
+MAX_PATHS = 50
+"""Attachment paths and paths found in the message, each: enough for any real conversation, bounded glob work."""
 
 # BM25F: a word in a title, a tag or a question the document answers says more about it than the same word in
 # its body. Weights multiply a field's length-normalised frequency before the one saturation per term.
@@ -159,6 +162,8 @@ class _Loaded:
     theme_terms: list[Counter[str]]
     theme_df: Counter[str]
     skill_library: bool
+    matchers: dict[str, Any] = field(default_factory=dict)
+    """The compiled ``paths`` globs of this index, filled on first use."""
 
 
 def _load(kb: Path) -> _Loaded:
@@ -299,8 +304,17 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = Fa
     return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specific
 
 
+def _bounded(message: str) -> str:
+    """The start and the end of a message longer than ``MAX_MESSAGE_CHARS``: a question sits before or after what
+    was pasted with it (a log, a stack trace), and analysis stays bounded."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    half = MAX_MESSAGE_CHARS // 2
+    return message[:half] + "\n" + message[-half:]
+
+
 def _query_terms(message: str, loaded: _Loaded) -> list[str]:
-    return list(dict.fromkeys(analyze(message[:MAX_MESSAGE_CHARS], loaded.index.vocab)))
+    return list(dict.fromkeys(analyze(_bounded(message), loaded.index.vocab)))
 
 
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -414,7 +428,7 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
     if scope:
         for idx in np.nonzero(loaded.conditional)[0].tolist():
             doc = loaded.index.docs[idx]
-            glob = any_match(doc.item.paths, scope)
+            glob = any_match(doc.item.paths, scope, loaded.matchers)
             if glob is not None:
                 hits.append(_Hit(idx, doc.path, "document", doc.item, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & ~loaded.conditional)[0]
@@ -445,7 +459,7 @@ def _check_relevance(min_relevance: float) -> None:
 
 
 def _scope(message: str, paths: Sequence[str]) -> list[str]:
-    return [normalize_path(p) for p in paths if p.strip()] + paths_in_text(message[:MAX_MESSAGE_CHARS])
+    return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + paths_in_text(_bounded(message))[:MAX_PATHS]
 
 
 def search(
@@ -466,6 +480,8 @@ def search(
     its informative weight.
     """
     _check_relevance(min_relevance)
+    if limit is not None and limit < 1:
+        raise UsageError(f"limit must be at least 1 (or None for all), got {limit}")
     loaded = _CACHE.get(_kb_root(kb))
     scored = _score(loaded, _query_terms(message, loaded))
     hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
@@ -521,57 +537,62 @@ def build_context(
     if max_docs < 1:
         raise UsageError(f"max_docs must be at least 1, got {max_docs}")
     _check_relevance(min_relevance)
+    if isinstance(fallback_docs, str):  # one name given bare, not as a list of characters
+        fallback_docs = (fallback_docs,)
     root = _kb_root(kb)
     loaded = _CACHE.get(root)
     scored = _score(loaded, _query_terms(message, loaded))
     hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
     fallback = not any(h.reason == "matched" for h in hits)
+    reason = "matched the question"
     if fallback:
         reason = "no document matched the question: overview documents"
         hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
-    else:
-        reason = "matched the question"
     ctx = _assemble(root, loaded, hits, max_docs, fallback, reason, budget_tokens, scored)
+    if not ctx.items and not fallback:  # every matching document vanished since the last reindex
+        reason = "the matching documents cannot be read (run `kindex reindex`): overview documents"
+        retry = _assemble(
+            root, loaded, _fallback_hits(root, loaded, fallback_docs, []), max_docs, True, reason, budget_tokens, scored
+        )
+        ctx = replace(retry, missing=ctx.missing + retry.missing)
+    if not ctx.items:  # nothing could be read, not even the overview documents: the root index speaks
+        retry = _assemble(root, loaded, [_overview_hit()], max_docs, True, ctx.reason, budget_tokens, scored)
+        ctx = replace(retry, missing=ctx.missing)
     if loaded.skill_library and ctx.items:
         ctx = replace(ctx, skills=_skill_closures(root, ctx.items))
     return ctx
 
 
+def _overview_hit() -> _Hit:
+    return _Hit(
+        -1, INDEX_FILE, "overview", DocItem(INDEX_FILE, "Overview", "what this knowledge base holds"), 0.0, "fallback"
+    )
+
+
 def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: list[_Hit]) -> list[_Hit]:
-    """The named overview documents that exist; else the root README/index page; else the root index itself."""
+    """The named overview documents that can be served; else the root README/index page; else the root index."""
     seen = {h.path for h in taken}
     out: list[_Hit] = []
     for name in names:
         name = normalize_path(name)
-        if name in seen or not name.endswith(".md") or ".." in name.split("/"):
+        if name in seen or not servable(root, name):
             continue
         idx = loaded.by_path.get(name, -1)
-        if idx >= 0:
-            out.append(_Hit(idx, name, "document", loaded.index.docs[idx].item, 0.0, "fallback"))
-        elif (root / name).is_file():
-            out.append(_Hit(-1, name, "document", DocItem(name, Path(name).stem, ""), 0.0, "fallback"))
+        item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
+        out.append(_Hit(idx, name, "document", item, 0.0, "fallback"))
         seen.add(name)
     if out:
         return out
     try:
-        readme = sorted(p.name for p in root.iterdir() if p.name.casefold() in _README_NAMES and p.is_file())
+        readme = sorted(p.name for p in root.iterdir() if p.name.casefold() in _README_NAMES)
     except OSError:
         readme = []
-    if readme and readme[0] not in seen:
-        name = readme[0]
-        idx = loaded.by_path.get(name, -1)
-        item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
-        return [_Hit(idx, name, "document", item, 0.0, "fallback")]
-    return [
-        _Hit(
-            -1,
-            INDEX_FILE,
-            "overview",
-            DocItem(INDEX_FILE, "Overview", "what this knowledge base holds"),
-            0.0,
-            "fallback",
-        )
-    ]
+    for name in readme:
+        if name not in seen and servable(root, name):
+            idx = loaded.by_path.get(name, -1)
+            item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
+            return [_Hit(idx, name, "document", item, 0.0, "fallback")]
+    return [_overview_hit()]
 
 
 def _overview_text(loaded: _Loaded) -> str:
@@ -609,94 +630,72 @@ def _skill_closures(root: Path, items: Sequence[ContextItem]) -> tuple[dict[str,
 # -- assembling the text ------------------------------------------------------------------------------------------
 
 
-def _read_original(kb: Path, rel: str) -> str | None:
-    """The document's text (frontmatter and HTML comments dropped), or ``None`` when it cannot be served."""
-    path = kb / rel
-    try:
-        real = Path(os.path.realpath(path))
-        if not real.is_relative_to(kb) or not rel.endswith(".md") or ".." in rel.split("/"):
-            return None
-        text = real.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()
+SECTION_SCAN_CHARS = 20_000
+"""Characters of each section looked at to tell whether it matches the question: bounded work per request."""
 
 
-_FENCE = re.compile(r" {0,3}(?:```|~~~)")
-_HEADING_LINE = re.compile(r"#{1,6}[ \t]")
+def _costs(lines: Sequence[Line]) -> list[int]:
+    """Cumulative token estimates: ``cum[i]`` is exactly ``estimate_tokens`` of the first ``i`` lines."""
+    cum = [0]
+    cjk = other = 0
+    for line in lines:
+        c, o = char_counts(line.text)
+        cjk, other = cjk + c, other + o
+        cum.append(tokens_of(cjk, other))
+    return cum
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
-    start: int
-    tokens: int
-    in_fence: bool
-    """Inside a fenced code block (its delimiters included)."""
-    opens_block: bool
-    """Outside fences and the start of a paragraph or a heading: the best place to cut before."""
-    heading: bool
-
-
-def _lines(text: str) -> list[_Line]:
-    out: list[_Line] = []
-    in_fence = False
-    prev_blank = True
-    pos = 0
-    for line in text.splitlines(keepends=True):
-        fence = _FENCE.match(line) is not None
-        heading = not in_fence and not fence and _HEADING_LINE.match(line) is not None
-        blank = not line.strip()
-        out.append(
-            _Line(
-                pos,
-                estimate_tokens(line),
-                in_fence or fence,
-                not in_fence and not blank and (prev_blank or heading),
-                heading,
-            )
-        )
-        if fence:
-            in_fence = not in_fence
-        prev_blank = blank
-        pos += len(line)
-    return out
+def _char_cut(line: str, budget: int) -> str:
+    """The longest start of one oversized line within ``budget`` tokens, ending at a sentence end if that keeps
+    most of it (a last resort: never inside a character)."""
+    part = line[: max(budget, 0) * 4]
+    while part and estimate_tokens(part) > budget:
+        part = part[: len(part) * 3 // 4]
+    end = max(part.rfind(mark) for mark in "。！？.!?;；")
+    return part[: end + 1] if end >= len(part) // 2 else part
 
 
 def _cut(text: str, budget: int) -> str | None:
-    """The longest prefix of ``text`` within ``budget`` tokens, cut where a reader expects it.
+    """The longest start of ``text`` within ``budget`` tokens, cut where a reader expects it.
 
-    Before a paragraph or a heading if that keeps at least half of what a cut at any line would; else at a line
-    outside code blocks; a code block larger than the budget is cut at a line and closed again; a single line
-    larger than the budget is cut at a character. ``None`` when not even one character fits.
+    Before a paragraph or a heading when that keeps at least half of what fits; else at a line outside code
+    blocks; inside a code block larger than the room left, at a line, with the block closed by its own fence; and
+    into one oversized line (a 40,000-character paragraph) at a sentence end or a character. ``None`` when not
+    even a character fits.
     """
     if estimate_tokens(text) <= budget:
         return text
-    lines = _lines(text)
-    used = 0
-    best_block = best_line = best_fence = 0
-    for i, line in enumerate(lines):
-        if i and used <= budget:
-            if not line.in_fence:
-                best_line = i
-                if line.opens_block:
-                    best_block = i
-            best_fence = i
-        used += line.tokens
-        if used > budget:
-            break
-    if best_line:
-        end = best_block if best_block and lines[best_block].start * 2 >= lines[best_line].start else best_line
-        return text[: lines[end].start].rstrip() or None
-    if best_fence:
-        return text[: lines[best_fence].start].rstrip() + "\n```"
-    first = text[: lines[0].start + 4 * max(budget, 0)] if lines else ""
-    while first and estimate_tokens(first) > budget:
-        first = first[: len(first) * 3 // 4]
-    return first.rstrip() or None
+    lines = markdown_lines(text)
+    cum = _costs(lines)
+    k = 0  # the most lines that fit
+    while k < len(lines) and cum[k + 1] <= budget:
+        k += 1
+    # A cut before line i is inside a code block when one is open after line i - 1.
+    inside = [False] + [ln.open_after for ln in lines]
+    block = line = 0
+    for i in range(1, k + 1):
+        if not inside[i]:
+            line = i
+            starts_block = i == len(lines) or lines[i].heading is not None or lines[i - 1].blank
+            if starts_block:
+                block = i
+    choice = block if block and cum[block] * 2 >= cum[line] else line
+    closing = ""
+    if cum[choice] * 2 < cum[k] and inside[k]:  # a code block bigger than the room: cut in it, then close it
+        fence = lines[k - 1].fence or "```"
+        closing = "\n" + fence
+        choice = k
+        while choice and cum[choice] + estimate_tokens(closing) > budget:
+            choice -= 1
+    kept = text[: lines[choice].start].rstrip() if choice < len(lines) else text.rstrip()
+    room = budget - cum[choice] - estimate_tokens(closing) - 1
+    if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
+        kept = (kept + "\n" if kept else "") + _char_cut(lines[k].text, room)
+    return (kept + closing).strip("\n") or None
 
 
 def cut_to_budget(text: str, budget_tokens: int) -> str | None:
-    """The longest prefix of ``text`` that fits ``budget_tokens``, cut at a paragraph, heading or line boundary.
+    """The longest start of ``text`` that fits ``budget_tokens``, cut at a paragraph, heading or line boundary.
 
     Never inside a character, never inside a fenced code block (one larger than the budget is closed after the
     cut). ``None`` when nothing fits.
@@ -704,46 +703,50 @@ def cut_to_budget(text: str, budget_tokens: int) -> str | None:
     return _cut(text, budget_tokens)
 
 
-def _fit(text: str, budget: int, terms: Sequence[str], vocab: frozenset[str]) -> str | None:
+def _fit(text: str, budget: int, terms: Sequence[str]) -> str | None:
     """``text`` within ``budget`` tokens: its head, then the sections that match the question best.
 
     A long document is rarely about the question from its first line on: the matching sections are what the
     agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
     """
-    lines = _lines(text)
-    starts = [ln.start for ln in lines if ln.heading]
-    bounds = [0, *(s for s in starts if s > 0), len(text)]
-    sections = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    lines = markdown_lines(text)
+    starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
+    bounds = [0, *starts, len(lines)]
+    edges = [ln.start for ln in lines] + [len(text)]
+    sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
     wanted = set(terms)
     if len(sections) < 2 or not wanted:
         return _cut(text, budget)
-    scores = [(len(wanted.intersection(analyze(text[s:e], vocab))), i) for i, (s, e) in enumerate(sections) if i]
-    matching = sorted((x for x in scores if x[0] > 0), key=lambda x: (-x[0], x[1]))
-    if not matching:
+    scores = []
+    for i, (s, e) in enumerate(sections[1:], start=1):
+        sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
+        hits = sum(1 for t in wanted if t in sample)
+        if hits:
+            scores.append((hits, i))
+    if not scores:
         return _cut(text, budget)
+    scores.sort(key=lambda x: (-x[0], x[1]))
+    gap = estimate_tokens(_OMITTED_MARK)
     head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
     chosen: dict[int, str] = {0: head} if head else {}
     left = budget - (estimate_tokens(head) if head else 0)
-    for _, i in matching:
+    for _, i in scores:
         s, e = sections[i]
         piece = text[s:e].rstrip()
-        cost = estimate_tokens(piece) + estimate_tokens(_OMITTED_MARK)
+        cost = estimate_tokens(piece) + gap
         if cost <= left:
             chosen[i] = piece
             left -= cost
         elif len(chosen) <= 1:  # the best section does not fit whole: hand over its start
-            part = _cut(piece, left - estimate_tokens(_OMITTED_MARK))
+            part = _cut(piece, left - gap)
             if part:
                 chosen[i] = part
             break
     out = ""
     for i in sorted(chosen):
+        whole_before = i - 1 in chosen and chosen[i - 1] == text[sections[i - 1][0] : sections[i - 1][1]].rstrip()
         if out:
-            out += (
-                "\n\n"
-                if i - 1 in chosen and chosen[i - 1] == text[sections[i - 1][0] : sections[i - 1][1]].rstrip()
-                else _OMITTED_MARK
-            )
+            out += "\n\n" if whole_before else _OMITTED_MARK
         out += chosen[i]
     return out or None
 
@@ -770,7 +773,7 @@ def _assemble(
     for hit in hits:
         if len(items) >= max_docs:
             break
-        text = _overview_text(loaded) if hit.level == "overview" else _read_original(root, hit.path)
+        text = _overview_text(loaded) if hit.level == "overview" else document_text(root, hit.path)
         if text is None:
             missing.append(hit.path)
             continue
@@ -781,7 +784,7 @@ def _assemble(
         truncated = estimate_tokens(text) > room
         if truncated:
             mark = _TRUNCATION_MARK.format(path=_one_line(hit.path))
-            fitted = _fit(text, room - estimate_tokens(mark), scored.terms, loaded.index.vocab)
+            fitted = _fit(text, room - estimate_tokens(mark), scored.terms)
             if fitted is None:
                 break  # not even a line fits: the budget is spent
             text = fitted + mark

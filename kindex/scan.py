@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from kindex.errors import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.markdown import headings
 from kindex.model import clean_globs, clean_tags, clean_text
 
 DEFAULT_EXCERPT_CHARS = 1200
@@ -20,10 +22,6 @@ MAX_DOC_BYTES = 5 * 1024 * 1024
 
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
-# MkDocs / Docusaurus heading attributes such as "{ #tutorial }" carry no meaning for a reader.
-_HEADING_ATTR = re.compile(r"\s*\{\s*#[^}]*\}\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 
@@ -276,20 +274,7 @@ def signals_from(meta: Mapping[str, Any]) -> Signals:
 
 def headings_of(body: str) -> tuple[str, ...]:
     """Markdown ATX headings outside code fences, attribute suffixes removed."""
-    out: list[str] = []
-    in_fence = False
-    for line in body.splitlines():
-        if _FENCE.match(line):
-            in_fence = not in_fence
-            continue
-        if in_fence:
-            continue
-        m = _HEADING.match(line)
-        if m:
-            title = _HEADING_ATTR.sub("", m.group(2)).strip()
-            if title:
-                out.append(title)
-    return tuple(out)
+    return headings(body)
 
 
 def _utf8(name: str) -> bool:
@@ -302,3 +287,30 @@ def _utf8(name: str) -> bool:
 
 def _show(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def servable(kb: Path, rel: str) -> bool:
+    """Whether ``rel`` names a regular ``.md`` file inside ``kb`` that may be read at query time: never a FIFO or
+    a device (they would block the reader), never a file outside the KB through a symlink or ``..``, never one
+    larger than the scan takes."""
+    if not rel.endswith(".md") or ".." in rel.split("/") or rel.startswith("/") or "\x00" in rel:
+        return False
+    try:
+        real = Path(os.path.realpath(kb / rel))
+        st = os.stat(real)
+    except (OSError, ValueError):  # missing, a name too long, a loop of links
+        return False
+    return real.is_relative_to(kb) and stat.S_ISREG(st.st_mode) and st.st_size <= MAX_DOC_BYTES
+
+
+def document_text(kb: Path, rel: str) -> str | None:
+    """A document's text as it is served (frontmatter and HTML comments dropped, not parsed), or ``None`` when it
+    cannot be served (see :func:`servable`) or is not UTF-8."""
+    if not servable(kb, rel):
+        return None
+    try:
+        with open(kb / rel, "rb") as fh:
+            text = fh.read(MAX_DOC_BYTES + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import stat
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ import orjson
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError
 from kindex.model import INDEX_FILE, DocItem, parse_index
-from kindex.scan import Scan, clean_body, headings_of, split_frontmatter
+from kindex.scan import Scan, document_text, headings_of
 from kindex.store import STATE_DIR, atomic_write
 
 SEARCH_FILE = "search.npz"
@@ -168,40 +170,88 @@ class SearchIndex:
 
 
 def load(kb: Path) -> SearchIndex | None:
-    """The saved search index of ``kb``, or ``None`` when it is missing, unreadable or of another version."""
+    """The saved search index of ``kb``, or ``None`` when it is missing, damaged or of another version.
+
+    The file is a cache that anyone with write access to the KB could have replaced, so every array is checked
+    before use (shapes, types, bounds, order): a bad file means a rebuild, never a crash or a wrong answer.
+    """
+    path = kb / STATE_DIR / SEARCH_FILE
     try:
-        with np.load(kb / STATE_DIR / SEARCH_FILE, allow_pickle=False) as data:
-            meta = orjson.loads(data["meta"].tobytes())
-            if meta.get("format") != FORMAT or meta.get("analyzer") != ANALYZER_VERSION:
-                return None
-            fields = {
-                name: FieldTable(
-                    data[f"{name}.hashes"], data[f"{name}.offsets"], data[f"{name}.docs"], data[f"{name}.tfs"]
-                )
-                for name in FIELDS
-            }
-            lengths = data["lengths"]
-        docs = tuple(DocRecord(path, theme, _item(obj), key) for path, theme, key, obj in meta["docs"])
-        themes = tuple(ThemeRecord(d, _item(obj)) for d, obj in meta["themes"])
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block the reader
+            return None
+        with open(path, "rb") as fh:
+            with zipfile.ZipFile(fh) as zf:
+                # np.savez stores arrays uncompressed: a compressed member can only be a decompression bomb.
+                if any(i.compress_type != zipfile.ZIP_STORED or i.file_size > st.st_size for i in zf.infolist()):
+                    return None
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as data:
+                meta = orjson.loads(data["meta"].tobytes())
+                if meta.get("format") != FORMAT or meta.get("analyzer") != ANALYZER_VERSION:
+                    return None
+                arrays = {
+                    name: (data[f"{name}.hashes"], data[f"{name}.offsets"], data[f"{name}.docs"], data[f"{name}.tfs"])
+                    for name in FIELDS
+                }
+                lengths = data["lengths"]
+        docs = tuple(_record(row) for row in meta["docs"])
+        themes = tuple(ThemeRecord(str(d), _item(obj)) for d, obj in meta["themes"])
         signature = tuple((str(p), int(m), int(s)) for p, m, s in meta["signature"])
-        vocab = frozenset(meta["vocab"])
-    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None
-    if lengths.shape != (len(docs), len(FIELDS)):
+        vocab = frozenset(str(v) for v in meta["vocab"])
+        fields = {name: _checked_table(h, o, d, t, len(docs)) for name, (h, o, d, t) in arrays.items()}
+        if lengths.dtype != np.float32 or lengths.shape != (len(docs), len(FIELDS)) or not _finite(lengths):
+            return None
+    except Exception:  # zip, numpy, JSON and shape errors of every kind: the cache is rebuilt
         return None
     return SearchIndex(docs, themes, vocab, fields, lengths, signature)
 
 
-def _item(obj: Mapping[str, Any]) -> DocItem:
-    """An entry as :meth:`SearchIndex.save` wrote it (already cleaned when it was built)."""
-    return DocItem(
-        path=str(obj.get("path") or obj.get("dir", "")),
-        title=str(obj.get("title", "")),
-        summary=str(obj.get("summary", "")),
-        tags=tuple(obj.get("tags", ())),
-        paths=tuple(obj.get("paths", ())),
-        questions=tuple(obj.get("questions", ())),
+def _finite(a: npt.NDArray[Any]) -> bool:
+    return bool(np.isfinite(a).all() and (a >= 0).all())
+
+
+def _checked_table(
+    hashes: npt.NDArray[Any], offsets: npt.NDArray[Any], docs: npt.NDArray[Any], tfs: npt.NDArray[Any], n_docs: int
+) -> FieldTable:
+    """A field table whose arrays hold together; ``ValueError`` when they do not."""
+    ok = (
+        hashes.dtype == np.uint64
+        and offsets.dtype == np.int64
+        and docs.dtype == np.int32
+        and tfs.dtype == np.float32
+        and hashes.ndim == offsets.ndim == docs.ndim == tfs.ndim == 1
+        and len(offsets) == len(hashes) + 1
+        and len(docs) == len(tfs) == int(offsets[-1])
+        and int(offsets[0]) == 0
+        and bool((np.diff(offsets) > 0).all())
+        and bool((np.diff(hashes) > 0).all())
+        and (len(docs) == 0 or (int(docs.min()) >= 0 and int(docs.max()) < n_docs))
+        and _finite(tfs)
     )
+    if not ok:
+        raise ValueError("inconsistent search table")
+    return FieldTable(hashes, offsets, docs, tfs)
+
+
+def _item(obj: Mapping[str, Any]) -> DocItem:
+    """An entry as :meth:`SearchIndex.save` wrote it (cleaned when it was built; only its types are checked)."""
+    strings = [obj.get("path") or obj.get("dir", ""), obj.get("title", ""), obj.get("summary", "")]
+    lists = [obj.get("tags", []), obj.get("paths", []), obj.get("questions", [])]
+    if not all(isinstance(x, str) for x in strings) or not all(
+        isinstance(x, list) and all(isinstance(v, str) for v in x) for x in lists
+    ):
+        raise ValueError("bad entry")
+    path, title, summary = strings
+    tags, globs, questions = (tuple(x) for x in lists)
+    return DocItem(path, title, summary, tags, globs, questions)
+
+
+def _record(row: Sequence[Any]) -> DocRecord:
+    path, theme, key, obj = row
+    if not isinstance(path, str) or not isinstance(key, str) or not (theme is None or isinstance(theme, str)):
+        raise ValueError("bad document record")
+    return DocRecord(path, theme, _item(obj), key)
 
 
 def signature_of(kb: Path, themes: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
@@ -304,29 +354,59 @@ def read_entries(kb: Path) -> Entries:
     """
     root_path = kb / INDEX_FILE
     try:
-        root, problems = parse_index(root_path.read_bytes())
+        root, problems = parse_index(_read_regular(root_path))
     except (FileNotFoundError, NotADirectoryError):
         raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
+    except IsADirectoryError:
+        raise IndexMissingError(f"{INDEX_FILE} of {kb.name or kb} is a folder, not an index: remove it") from None
     except (OSError, ValueError) as exc:
         raise IndexMissingError(
             f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
         ) from None
     docs: list[tuple[str, str | None, DocItem]] = [(d.path, None, d) for d in root.documents if "/" not in d.path]
+    seen_themes: set[str] = set()
     themes: list[ThemeRecord] = []
     for t in root.themes:
         if "/" in t.dir or t.dir.startswith(".") or t.dir in ("", ".."):
             problems.append(f"theme {t.dir!r} is not a first-level folder: ignored")
             continue
+        if t.dir in seen_themes:
+            problems.append(f"theme {t.dir!r} has a second entry: ignored")
+            continue
+        seen_themes.add(t.dir)
         themes.append(ThemeRecord(t.dir, DocItem(t.dir, t.title, t.summary, t.tags, t.paths)))
         try:
-            sub, sub_problems = parse_index((kb / t.dir / INDEX_FILE).read_bytes())
+            sub, sub_problems = parse_index(_read_regular(kb / t.dir / INDEX_FILE))
         except (OSError, ValueError) as exc:
             problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
         docs.extend((f"{t.dir}/{d.path}", t.dir, d) for d in sub.documents if ".." not in d.path.split("/"))
+    # A hand-edited index may list a document twice: it is one document, searched and served once.
+    unique = list({rel: (rel, theme, item) for rel, theme, item in reversed(docs)}.values())[::-1]
+    if len(unique) < len(docs):
+        problems.append(f"{len(docs) - len(unique)} duplicate document entries ignored")
     signature = signature_of(kb, [t.dir for t in themes])
-    return Entries(tuple(docs), tuple(themes), signature, tuple(problems))
+    return Entries(tuple(unique), tuple(themes), signature, tuple(problems))
+
+
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+"""An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
+
+
+def _read_regular(path: Path) -> bytes:
+    """A file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise (
+            IsADirectoryError(f"{path.name} is not a regular file")
+            if stat.S_ISDIR(st.st_mode)
+            else OSError(f"{path.name} is not a regular file")
+        )
+    if st.st_size > MAX_INDEX_BYTES:
+        raise OSError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
+    with open(path, "rb") as fh:
+        return fh.read(MAX_INDEX_BYTES + 1)
 
 
 def update(kb: Path, scan: Scan) -> bool:
@@ -348,7 +428,7 @@ def update(kb: Path, scan: Scan) -> bool:
         previous is not None
         and previous.signature == index.signature
         and previous.themes == index.themes
-        and [d.key for d in previous.docs] == [d.key for d in index.docs]
+        and [(d.path, d.key) for d in previous.docs] == [(d.path, d.key) for d in index.docs]
     ):
         return False
     index.save(kb)
@@ -363,18 +443,6 @@ def from_files(kb: Path, entries: Entries) -> SearchIndex:
     """
     sources = []
     for rel, theme, item in entries.docs:
-        text = _read_body(kb, rel)
+        text = document_text(kb, rel) or ""
         sources.append(Source(rel, theme, item, headings_of(text), "", partial(str, text)))
     return build(sources, entries.themes, entries.signature)
-
-
-def _read_body(kb: Path, rel: str) -> str:
-    path = kb / rel
-    try:
-        if not Path(os.path.realpath(path)).is_relative_to(kb) or not rel.endswith(".md"):
-            return ""
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return ""
-    _, body, _ = split_frontmatter(text.removeprefix("\ufeff"))
-    return clean_body(body)

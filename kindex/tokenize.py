@@ -12,5 +12,16 @@ def estimate_tokens(text: str) -> int:
 
     Deliberately on the high side for CJK, so that a budget computed with it is not overrun by real tokenizers.
     """
+    cjk, other = char_counts(text)
+    return tokens_of(cjk, other)
+
+
+def char_counts(text: str) -> tuple[int, int]:
+    """(CJK characters, other characters): what the estimate is made of, additive over pieces of a text."""
     cjk = len(_CJK_CHAR.findall(text))
-    return cjk + (len(text) - cjk + 3) // 4
+    return cjk, len(text) - cjk
+
+
+def tokens_of(cjk: int, other: int) -> int:
+    """The estimate for a text of ``cjk`` CJK and ``other`` other characters."""
+    return cjk + (other + 3) // 4

@@ -1,0 +1,102 @@
+"""Markdown structure in one linear pass: fenced code blocks (CommonMark's rules) and ATX headings.
+
+The scan reads headings with it and BuildContext cuts documents with it, so both agree on what is code: a line
+that looks like a heading inside a fenced block is code, and a block opened with ``~~~`` or four backticks is
+closed only by the same kind of fence, at least as long. No regex here can backtrack: documents are untrusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a document (its text keeps the line break)."""
+
+    start: int
+    text: str
+    fence: str | None
+    """The opening fence of the code block this line belongs to (its delimiters included), else ``None``."""
+    heading: str | None
+    """The title of an ATX heading outside code blocks, else ``None``."""
+    open_after: bool = False
+    """A code block is open after this line: a cut right after it would land inside the block."""
+
+    @property
+    def blank(self) -> bool:
+        return not self.text.strip()
+
+
+def _indent_ok(line: str) -> tuple[str, bool]:
+    stripped = line.lstrip(" ")
+    return stripped, len(line) - len(stripped) <= 3
+
+
+def fence_opening(line: str) -> str | None:
+    """The fence (three or more backticks or tildes) that ``line`` opens a code block with, else ``None``."""
+    stripped, ok = _indent_ok(line)
+    if not ok or not stripped.startswith(("```", "~~~")):
+        return None
+    char = stripped[0]
+    run = len(stripped) - len(stripped.lstrip(char))
+    if char == "`" and "`" in stripped[run:]:  # a backtick fence's info string holds no backtick
+        return None
+    return char * run
+
+
+def closes(line: str, opening: str) -> bool:
+    """Whether ``line`` closes a block opened by ``opening``: the same character, at least as many, nothing after."""
+    stripped, ok = _indent_ok(line)
+    char = opening[0]
+    run = len(stripped) - len(stripped.lstrip(char))
+    return ok and run >= len(opening) and not stripped[run:].strip()
+
+
+def heading_title(line: str) -> str | None:
+    """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute."""
+    stripped, ok = _indent_ok(line.rstrip("\r\n"))
+    if not ok or not stripped.startswith("#"):
+        return None
+    level = len(stripped) - len(stripped.lstrip("#"))
+    rest = stripped[level:]
+    if level > 6 or (rest and rest[0] not in " \t"):
+        return None
+    title = rest.strip(" \t")
+    # A closing sequence is hashes preceded by a space (or nothing else): "C#" keeps its hash.
+    without = title.rstrip("#")
+    if without != title and (not without or without[-1] in " \t"):
+        title = without.rstrip(" \t")
+    # MkDocs / Docusaurus attributes such as "{ #tutorial }" carry no meaning for a reader.
+    if title.endswith("}"):
+        brace = title.rfind("{")
+        if brace >= 0 and title[brace + 1 : -1].strip().startswith("#"):
+            title = title[:brace].rstrip(" \t")
+    return title or None
+
+
+def lines(text: str) -> list[Line]:
+    """Every line of ``text`` with its code-block membership and heading title."""
+    out: list[Line] = []
+    opening: str | None = None
+    pos = 0
+    for raw in text.splitlines(keepends=True):
+        if opening is None:
+            fence = fence_opening(raw)
+            if fence is not None:
+                out.append(Line(pos, raw, fence, None, True))
+                opening = fence
+            else:
+                out.append(Line(pos, raw, None, heading_title(raw)))
+        else:
+            closing = closes(raw, opening)
+            out.append(Line(pos, raw, opening, None, not closing))
+            if closing:
+                opening = None
+        pos += len(raw)
+    return out
+
+
+def headings(text: str) -> tuple[str, ...]:
+    """The ATX headings of ``text`` outside code blocks, in order."""
+    return tuple(line.heading for line in lines(text) if line.heading)

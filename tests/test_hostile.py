@@ -1,0 +1,177 @@
+"""Hostile inputs: every case here once broke kindex (a hang, a traceback, an empty or wrong answer).
+
+Each case asserts the behaviour a user should get: no traceback, a clear error or a sensible result, nothing read
+outside the KB. Grow this module with every bug found.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import kindex
+import kindex.retrieve
+from kindex import searchindex
+from kindex.cli import main
+from kindex.markdown import headings
+from kindex.retrieve import cut_to_budget
+from kindex.tokenize import estimate_tokens
+
+
+@pytest.fixture
+def indexed(sample_kb: Path) -> Path:
+    kindex.reindex(sample_kb)
+    kindex.retrieve.clear_cache()
+    return sample_kb
+
+
+def _npz(kb: Path) -> Path:
+    return kb / ".kindex" / "search.npz"
+
+
+def _rewrite_npz(kb: Path, **changes: np.ndarray) -> None:
+    with np.load(_npz(kb), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays.update(changes)
+    np.savez(_npz(kb), **arrays)
+
+
+DAMAGE = {
+    "truncated": lambda kb: os.truncate(_npz(kb), 1000),
+    "empty": lambda kb: _npz(kb).write_bytes(b""),
+    "random bytes": lambda kb: _npz(kb).write_bytes(os.urandom(5000)),
+    "docs out of range": lambda kb: _rewrite_npz(kb, **{"body.docs": np.full(10, 10**6, dtype=np.int32)}),
+    "wrong dtype": lambda kb: _rewrite_npz(kb, lengths=np.zeros((21, 7), dtype=np.float64)),
+    "2-d hashes": lambda kb: _rewrite_npz(kb, **{"title.hashes": np.zeros((2, 2), dtype=np.uint64)}),
+    "meta is a list": lambda kb: _rewrite_npz(kb, meta=np.frombuffer(b"[1, 2]", dtype=np.uint8)),
+    "NaN frequencies": lambda kb: _rewrite_npz(
+        kb, **{"body.tfs": np.full(len(np.load(_npz(kb))["body.tfs"]), np.nan, dtype=np.float32)}
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_search_table_is_rebuilt_never_a_crash(indexed: Path, damage: str) -> None:
+    DAMAGE[damage](indexed)
+
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert ctx.items[0].path == "billing/退款政策.md" and not ctx.fallback
+    assert kindex.retrieve._CACHE.get(indexed.resolve()).stale  # said, not silently degraded
+
+    kindex.reindex(indexed)  # the next step repairs the file
+    assert searchindex.load(indexed) is not None
+
+
+def test_a_compressed_search_table_member_is_refused_as_a_bomb(indexed: Path) -> None:
+    with np.load(_npz(indexed), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    np.savez_compressed(_npz(indexed), **arrays)
+    with zipfile.ZipFile(_npz(indexed)) as zf:
+        assert any(i.compress_type != zipfile.ZIP_STORED for i in zf.infolist())
+    assert searchindex.load(indexed) is None
+
+
+def test_a_fifo_in_place_of_a_document_or_a_table_never_blocks(indexed: Path) -> None:
+    doc = indexed / "billing" / "退款政策.md"
+    doc.unlink()
+    os.mkfifo(doc)
+    os.unlink(_npz(indexed))
+    os.mkfifo(_npz(indexed))
+
+    ctx = kindex.build_context(indexed, "退款多久到账")  # would hang forever if either FIFO were opened
+
+    assert "billing/退款政策.md" in ctx.missing and ctx.items and ctx.text
+
+
+def test_the_context_is_never_empty(indexed: Path) -> None:
+    # The only matching document vanished since the last reindex: the overview serves, the loss is reported.
+    (indexed / "billing" / "企业采购" / "合同与盖章.md").unlink()
+    ctx = kindex.build_context(indexed, "合同盖章")
+    assert ctx.text and ctx.items
+
+    # The overview documents vanished too: the root index's own overview serves.
+    (indexed / "导读.md").unlink()
+    (indexed / "00-总则与功能导航.md").unlink()
+    ctx = kindex.build_context(indexed, "今天天气怎么样")
+    assert ctx.fallback and ctx.text and ctx.items[0].level == "overview"
+
+    # A fallback document that is a symlink out of the KB is never served.
+    (indexed / "overview.md").symlink_to(indexed.parent / "outside.md")
+    (indexed.parent / "outside.md").write_text("# secret\n", encoding="utf-8")
+    ctx = kindex.build_context(indexed, "今天天气怎么样", fallback_docs=["overview.md"])
+    assert "secret" not in ctx.text and ctx.text
+
+
+def test_odd_fallback_names_are_ignored_not_errors(indexed: Path) -> None:
+    for name in ("x" * 300 + ".md", "../x.md", "/etc/passwd", "a\x00b.md", ""):
+        ctx = kindex.build_context(indexed, "今天天气怎么样", fallback_docs=[name])
+        assert ctx.fallback and ctx.text
+    ctx = kindex.build_context(indexed, "今天天气怎么样", fallback_docs="导读.md")  # a bare string is one name
+    assert [i.path for i in ctx.items] == ["导读.md"]
+
+
+def test_a_long_message_is_read_at_both_ends(indexed: Path) -> None:
+    pasted = "同步日志一行。\n" * 5000  # 40,000 characters pasted before the question
+    ranked = kindex.search(indexed, pasted + "发票开错了怎么办", min_relevance=0.0)
+    assert "发票" in ranked[0].matched
+
+
+def test_duplicate_entries_in_a_hand_edited_index_are_one_document(indexed: Path) -> None:
+    theme = indexed / "billing" / "index.json"
+    index, _ = kindex.parse_index(theme.read_bytes())
+    theme.write_bytes(kindex.Index(documents=index.documents * 5).to_json())
+    kindex.retrieve.clear_cache()
+
+    paths = [i.path for i in kindex.build_context(indexed, "退款多久到账").items]
+    assert len(paths) == len(set(paths))
+
+
+def test_search_limit_must_be_positive(indexed: Path) -> None:
+    with pytest.raises(kindex.UsageError, match="limit must be at least 1"):
+        kindex.search(indexed, "退款", limit=0)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["# 退款标题" + " #" * 40_000 + "x", "# a" + " \t" * 16_000 + "x", "# " + "{ #" * 30_000],
+)
+def test_heading_parsing_is_linear(line: str) -> None:
+    assert len(headings(line + "\n")) == 1  # seconds with the old regex; milliseconds now
+
+
+def test_a_fence_closes_only_with_its_own_kind() -> None:
+    text = "~~~markdown\n```python\n# 退款脚本 第一步\n```\n~~~\n\n## 退款二级\n\n正文\n"
+    assert headings(text) == ("退款二级",)
+    cut = cut_to_budget("````\n" + "代码行\n" * 400 + "````\n", 100)
+    assert cut is not None and cut.endswith("\n````") and estimate_tokens(cut) <= 100
+
+
+def test_a_generous_budget_is_used_even_when_the_first_block_is_huge() -> None:
+    paragraph = "长段落退款说明。" * 5_000  # one line of 40,000 characters
+    cut = cut_to_budget("# 标题\n\n" + paragraph + "\n", 6000)
+    assert cut is not None and 5000 < estimate_tokens(cut) <= 6000
+    code = "# 标题\n\n```\n" + "".join(f"line {i}\n" for i in range(3000)) + "```\n"
+    cut = cut_to_budget(code, 6000)
+    assert cut is not None and 5000 < estimate_tokens(cut) <= 6000 and cut.endswith("\n```")
+
+
+def test_a_huge_document_costs_a_bounded_read(indexed: Path) -> None:
+    big = indexed / "billing" / "退款政策.md"
+    big.write_text("# 退款政策\n\n" + "退款规则说明。\n" * 800_000, encoding="utf-8")  # ~17 MB, over the cap
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert "billing/退款政策.md" in ctx.missing and ctx.text
+
+
+def test_cli_context_errors_are_clear(indexed: Path, tmp_path: Path) -> None:
+    folder_index = tmp_path / "copy"
+    shutil.copytree(indexed, folder_index)
+    (folder_index / "index.json").unlink()
+    (folder_index / "index.json").mkdir()
+    result = CliRunner().invoke(main, ["context", str(folder_index), "退款"])
+    assert result.exit_code == 1 and "is a folder, not an index" in result.stderr
