@@ -60,6 +60,7 @@ BODY_COVER = 0.5
 UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
+NAME_WEIGHT = 2.0
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
@@ -296,7 +297,7 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = Fa
     if term.isdigit():
         return 0.0
     if not has_han(term):
-        return idf
+        return NAME_WEIGHT * idf
     if df == 0:
         return UNSEEN_HAN_WEIGHT * idf
     ratio = kb_rate / background_rate(term)
