@@ -330,61 +330,45 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     per_term: list[_Term] = []
+    fields = loaded.index.fields
     for term in terms:
         h = term_hash(term)
-        parts: list[tuple[str, npt.NDArray[np.int32], npt.NDArray[np.float32]]] = []
-        occurrences = 0.0
-        named = False
-        for name in FIELDS:
-            hit = loaded.index.fields[name].postings(h)
-            if hit is not None:
-                parts.append((name, hit[0], hit[1] * loaded.inv[name][hit[0]]))
-                occurrences += float(hit[1].sum())
-                named = named or name in ("title", "tags")
-        if not parts:
-            empty = np.zeros(0, dtype=np.int32)
+        hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
+        if not hits:
             idf = math.log(1 + (n + 0.5) / 0.5)
+            empty = np.zeros(0, dtype=np.int32)
             weight = informative(term, idf, 0, 0.0)
             per_term.append(_Term(term, idf, weight, empty, np.zeros(0, np.bool_), np.zeros(0, np.float32)))
             continue
-        if len(parts) == 1:
-            name, docs, wtf = parts[0]
-            order = np.argsort(docs, kind="stable")
-            docs, wtf = docs[order], wtf[order]
-            in_entry = np.full(len(docs), name != "body", dtype=np.bool_)
-            body_sat = _saturate(wtf) if name == "body" else np.zeros(len(docs), np.float32)
-        else:
-            # Dense scratch rows over all documents: linear, cheaper than sorting the union for common terms.
-            dense = np.zeros(n, dtype=np.float32)
-            present = np.zeros(n, dtype=np.bool_)
-            entry_dense = np.zeros(n, dtype=np.bool_)
-            sat_dense = np.zeros(n, dtype=np.float32)
-            for name, d, w in parts:
-                dense[d] += w
-                present[d] = True
-                if name == "body":
-                    sat_dense[d] = _saturate(w)
-                else:
-                    entry_dense[d] = True
-            docs = np.flatnonzero(present).astype(np.int32)
-            wtf, in_entry, body_sat = dense[docs], entry_dense[docs], sat_dense[docs]
+        # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
+        body_w = np.zeros(n, dtype=np.float32)
+        entry_w = np.zeros(n, dtype=np.float32)
+        occurrences = 0.0
+        named = False
+        for name, (d, tf) in hits:
+            occurrences += float(tf.sum())
+            if name == "body":
+                body_w[d] = tf * loaded.inv[name][d]
+            else:
+                entry_w[d] += tf * loaded.inv[name][d]
+                named = named or name in ("title", "tags")
+        total_w = body_w + entry_w
+        docs = np.flatnonzero(total_w).astype(np.int32)
+        wtf, ew = total_w[docs], entry_w[docs]
+        body_sat = _saturate(body_w[docs])
         idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
         # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
         qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
-        scores[docs] += (qw * idf * wtf / (K1 + wtf)).astype(np.float32)
-        if ENTRY_BOOST:
+        gain = idf * wtf / (K1 + wtf)
+        entry_df = int(np.count_nonzero(ew))
+        if ENTRY_BOOST and entry_df:
             # The entries on their own, with their own rarity: "API" is in nearly every document of a gateway
             # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
-            entry_w = np.zeros(len(docs), dtype=np.float32)
-            for name, d, w in parts:
-                if name != "body":
-                    entry_w[np.searchsorted(docs, d)] += w
-            entry_df = int(np.count_nonzero(entry_w))
-            if entry_df:
-                entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
-                scores[docs] += (ENTRY_BOOST * qw * entry_idf * entry_w / (K1 + entry_w)).astype(np.float32)
+            entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
+            gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
+        scores[docs] += qw * gain
         weight = informative(term, idf, len(docs), occurrences / loaded.tokens, named)
-        per_term.append(_Term(term, idf, weight, docs.astype(np.int32), in_entry, body_sat))
+        per_term.append(_Term(term, idf, weight, docs, ew > 0, body_sat))
     return _Scored(terms, scores, per_term)
 
 
