@@ -169,3 +169,12 @@ def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
 
     result = runner.invoke(main, ["context", str(indexed), "退款", "--min-relevance", "2"])
     assert result.exit_code == 2 and "--min-relevance" in result.stderr
+
+    message = indexed.parent / "message.txt"
+    message.write_text("日志……\n" * 5000 + "发票怎么开\n", encoding="utf-8")
+    result = runner.invoke(main, ["context", str(indexed), "--message-file", str(message), "--json"])
+    assert result.exit_code == 0 and '"path": "billing/发票开具.md"' in result.stdout
+    result = runner.invoke(main, ["context", str(indexed)])
+    assert result.exit_code == 2 and "--message-file" in result.stderr
+    result = runner.invoke(main, ["context", str(indexed / "导读.md"), "退款"])
+    assert result.exit_code == 1 and "is not a folder" in result.stderr

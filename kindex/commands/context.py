@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 import click
 import orjson
@@ -19,7 +20,12 @@ from kindex.retrieve import (
 
 @click.command()
 @kb_arg
-@click.argument("message")
+@click.argument("message", required=False)
+@click.option(
+    "--message-file",
+    type=click.File("r", encoding="utf-8"),
+    help="Read the message from this file (`-`: standard input); for messages too long for a command line.",
+)
 @click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
 @click.option(
     "--budget",
@@ -53,7 +59,8 @@ from kindex.retrieve import (
 @json_opt
 def context(
     kb: str,
-    message: str,
+    message: str | None,
+    message_file: TextIO | None,
     paths: tuple[str, ...],
     budget: int,
     max_docs: int,
@@ -71,8 +78,14 @@ def context(
       kindex context sample_kb "改一下金额组件" --path web/src/Money.tsx --json
       echo "发票怎么开" | kindex context sample_kb -
     """
-    if message == "-":
+    if message is not None and message_file is not None:
+        raise click.UsageError("give MESSAGE or --message-file, not both")
+    if message_file is not None:
+        message = message_file.read()
+    elif message == "-":
         message = sys.stdin.read()
+    elif message is None:
+        raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
     ctx = build_context(
         kb,
         message,
