@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from kindex.model import INDEX_FILE, INDEX_VERSION
+from kindex.model import INDEX_FILE, INDEX_VERSION, doc_item_from, theme_item_from
 from kindex.scan import scan
 from kindex.store import root_index_path, theme_index_path
 
@@ -72,6 +72,10 @@ def _list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
+# Keys an entry may carry that its cleaned form leaves out when empty.
+_OPTIONAL = frozenset({"paths", "questions", "tags"})
+
+
 def _entries(obj: dict[str, Any], label: str, key: str, id_field: str) -> list[str]:
     problems = []
     raw = obj.get(key)
@@ -90,7 +94,31 @@ def _entries(obj: dict[str, Any], label: str, key: str, id_field: str) -> list[s
             value = entry.get(optional)
             if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                 problems.append(f"{where} {optional!r} is not a list of strings")
+        problems += _bounds(entry, where, key)
+    ids = [e.get(id_field) for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+    names = [x for x in ids if isinstance(x, str)]
+    if len(names) == len(ids) and names != sorted(names):
+        problems.append(f"{label}: {key!r} are not sorted by {id_field}")
     return problems
+
+
+def _bounds(entry: dict[str, Any], where: str, key: str) -> list[str]:
+    """What the contract's cleaning would change in ``entry``: a bound broken, a key it does not have.
+
+    The contract is the cleaning kindex applies to every entry it writes (``kindex.model``), so an entry is valid
+    exactly when cleaning it changes nothing.
+    """
+    ident = entry.get("dir" if key == "themes" else "path")
+    if not isinstance(ident, str):
+        return []
+    clean = (theme_item_from(entry, ident) if key == "themes" else doc_item_from(entry, ident)).to_dict()
+    out = [
+        f"{where} has a key the contract does not have: {k!r}" for k in entry if k not in clean and k not in _OPTIONAL
+    ]
+    for name, value in clean.items():
+        if name in entry and entry[name] != value and name not in ("index_file",):
+            out.append(f"{where} {name!r} breaks the contract's bounds or form (kindex would write {value!r})")
+    return out
 
 
 def _coverage(obj: dict[str, Any], label: str, scanned: set[str]) -> list[str]:

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -175,3 +176,24 @@ def test_cli_context_errors_are_clear(indexed: Path, tmp_path: Path) -> None:
     (folder_index / "index.json").mkdir()
     result = CliRunner().invoke(main, ["context", str(folder_index), "退款"])
     assert result.exit_code == 1 and "is a folder, not an index" in result.stderr
+
+
+def test_validate_checks_every_bound_of_the_contract(indexed: Path) -> None:
+    theme = indexed / "billing" / "index.json"
+    data = orjson.loads(theme.read_bytes())
+    data["documents"][0]["title"] = "标" * 200
+    data["documents"][0]["tags"] = [f"t{i}" for i in range(30)]
+    data["documents"][1]["summary"] = "长" * 1000
+    data["documents"][1]["extra"] = 1
+    data["documents"][2]["questions"] = [f"q{i}?" for i in range(10)]
+    data["documents"].reverse()
+    theme.write_bytes(orjson.dumps(data))
+
+    problems = kindex.validate(indexed)
+
+    assert any("'title' breaks the contract" in p for p in problems)
+    assert any("'tags' breaks the contract" in p for p in problems)
+    assert any("'summary' breaks the contract" in p for p in problems)
+    assert any("'questions' breaks the contract" in p for p in problems)
+    assert any("a key the contract does not have: 'extra'" in p for p in problems)
+    assert any("are not sorted by path" in p for p in problems)
