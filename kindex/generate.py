@@ -31,7 +31,7 @@ from kindex.llm import LLMClient, LLMSettings
 from kindex.lock import write_lock
 from kindex.model import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.sanitize import doc_entry, root_index, theme_index
-from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
+from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, Skipped, scan
 from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
@@ -76,6 +76,8 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
+    skipped: list[Skipped] = field(default_factory=list)
+    """Files the scan did not take, and why (not Markdown by name, not UTF-8, too large, outside the KB…)."""
 
     @property
     def ok(self) -> bool:
@@ -96,6 +98,7 @@ class RunReport:
             "failures": [{"path": f.path, "reason": f.reason} for f in self.failures],
             "notes": self.notes,
             "written": self.written,
+            "skipped": [x.to_dict() for x in self.skipped],
             "wall_seconds": round(self.wall_seconds, 3),
         }
 
@@ -211,11 +214,13 @@ def _run(
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
     if subject is not None:
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
-    generator = make_generator(opts.llm, opts.client)
     started = time.monotonic()
+    # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait):
+        generator = make_generator(opts.llm, opts.client)
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
+        runner.report.skipped = list(s.skipped)
         try:
             asyncio.run(runner.run(body))
         except KeyboardInterrupt:

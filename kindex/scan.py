@@ -150,7 +150,11 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
                 kept_dirs.append(name)
         dirnames[:] = kept_dirs
         for name in sorted(filenames):
-            if name.startswith(".") or not name.endswith(".md"):
+            if name.startswith("."):
+                continue
+            if not name.endswith(".md"):
+                if name.casefold().endswith((".md", ".markdown")):
+                    skipped.append(Skipped(_show(rel_dir + name), "only *.md files are documents: rename it to .md"))
                 continue
             if not _utf8(name):
                 skipped.append(Skipped(_show(rel_dir + name), "file name is not valid UTF-8"))

@@ -101,7 +101,8 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None]
     def update(p: generate.Progress) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=p.total, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False)
+            # disable=None: no bar when stderr is not a terminal (a log file would fill with \r frames).
+            bar = tqdm(total=p.total, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
         bar.total = p.total
         bar.set_postfix_str(p.item[-40:], refresh=False)
         bar.update(p.completed - bar.n)
@@ -129,6 +130,8 @@ def _emit(report: generate.RunReport, as_json: bool) -> None:
             click.echo("wrote: " + ", ".join(report.written))
         for f in report.failures:
             click.echo(f"failed: {f.path}: {f.reason} (kept its previous or an extractive entry)")
+        for x in report.skipped:
+            click.echo(f"kindex: skipped {x.path}: {x.reason}", err=True)
     if report.failures:
         click.echo(
             f"kindex: {len(report.failures)} item(s) failed; their entries are extractive or previous ones. "
