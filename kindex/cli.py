@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import click
+import orjson
 
 from kindex.commands.options import EXIT_INTERRUPTED
 from kindex.errors import InterruptedRun, KindexError, UsageError
@@ -48,6 +49,7 @@ class _Group(click.Group):
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
+        as_json = "--json" in ctx.args  # the sub-command's own arguments
         try:
             return super().invoke(ctx)
         except UsageError as exc:
@@ -55,7 +57,13 @@ class _Group(click.Group):
         except InterruptedRun as exc:
             click.echo(f"kindex: {exc.message}", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt:  # Ctrl-C before a run started (while loading, scanning): nothing was written
+            click.echo("kindex: interrupted; nothing was written", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except KindexError as exc:
+            if as_json:  # a script reading stdout gets an answer it can parse, failures included
+                error = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
+                click.echo(orjson.dumps(error, option=orjson.OPT_INDENT_2).decode())
             raise click.ClickException(exc.message) from None
 
 

@@ -210,3 +210,31 @@ def test_other_markdown_extensions_are_listed_as_skipped_and_reindex_says_so(sam
     assert "skipped billing/old.markdown" in result.stderr
     assert "\r" not in result.stderr  # no progress-bar frames when stderr is not a terminal
     assert [s["path"] for s in kindex.preview(sample_kb).to_dict()["skipped"]] == ["NOTES.MD", "billing/old.markdown"]
+
+
+def test_json_failures_print_an_error_object_and_ctrl_c_early_exits_130(
+    indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = CliRunner().invoke(main, ["context", str(tmp_path / "nowhere"), "退款", "--json"])
+    assert result.exit_code == 1
+    assert orjson.loads(result.stdout)["error"]["code"] == "kb_not_found"
+
+    import kindex.commands.context as context_command
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(context_command, "build_context", interrupted)
+    result = CliRunner().invoke(main, ["context", str(indexed), "退款"])
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+
+
+def test_serve_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--kb-root", str(tmp_path), "--port", str(port)])
+    assert result.exit_code == 1 and "cannot listen on 127.0.0.1" in result.stderr

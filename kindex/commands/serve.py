@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import click
@@ -51,4 +52,20 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     app = create_app(kb_root, token=token, llm=LLMSettings.from_env(), concurrency=concurrency)
     auth = "bearer token required" if token else "no token: loopback only"
     click.echo(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs", err=True)
+    _check_port(host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=30)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail with a clear error (exit 1) when the address is taken, before uvicorn reports it its own way."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise KindexError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port, or stop what uses it"
+            ) from None
