@@ -120,7 +120,29 @@ class LiteLLMClient:
             raise UsageError("no model configured: pass --model or set KINDEX_MODEL")
         self.settings = settings
         self._litellm = import_litellm()
+        self._api_key = self._check_keys()
         self._response_format = self._choose_response_format()
+
+    def _check_keys(self) -> str | None:
+        """Fail at once, naming the variable, when the provider's key is missing (not after a retry per document).
+
+        Returns a placeholder key for an ``--api-base`` endpoint without one: a local OpenAI-compatible server
+        (llama.cpp, vLLM) needs none, but the SDK refuses to send a request without it.
+        """
+        s = self.settings
+        try:
+            env = self._litellm.validate_environment(model=s.model, api_base=s.api_base)
+        except Exception:  # litellm knows nothing about this model string: let the first call tell
+            return None
+        missing = [k for k in env.get("missing_keys") or [] if not (s.api_base and k.endswith("_API_BASE"))]
+        if not missing:
+            return None
+        if s.api_base and all(k.endswith("_API_KEY") for k in missing):
+            return "no-key-needed"
+        raise ModelError(
+            f"model {s.model!r} needs {' and '.join(missing)} in the environment: set it (or use --api-base for a "
+            "local OpenAI-compatible server) and run again"
+        )
 
     def _choose_response_format(self) -> str:
         wanted = self.settings.response_format
@@ -152,6 +174,8 @@ class LiteLLMClient:
         }
         if s.api_base:
             kwargs["api_base"] = s.api_base
+        if self._api_key is not None:
+            kwargs["api_key"] = self._api_key
         if self._response_format == "json_schema":
             kwargs["response_format"] = {
                 "type": "json_schema",

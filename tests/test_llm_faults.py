@@ -109,3 +109,22 @@ def test_persistent_server_errors_fail_documents_but_not_the_run(sample_kb: Path
     assert [f.path for f in report.failures] == ["sync/离线模式.md"]
     assert "after 2 attempts" in report.failures[0].reason
     assert kindex.validate(sample_kb) == []
+
+
+def test_a_missing_api_key_stops_at_once_naming_the_variable(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    from click.testing import CliRunner
+
+    from kindex.cli import main
+
+    result = CliRunner().invoke(main, ["reindex", str(sample_kb), "--model", "openai/gpt-4o-mini"])
+
+    assert result.exit_code == 1 and "needs OPENAI_API_KEY" in result.stderr
+    assert not (sample_kb / "index.json").exists()
+
+
+def test_a_local_endpoint_needs_no_key(sample_kb: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY")
+    fake_llm.script = well_behaved
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
+    assert report.ok and report.usage.calls > 0
