@@ -10,6 +10,9 @@ from kindex.errors import AnswerError
 
 # A summary answer is a few hundred characters; anything far longer is runaway generation, not an entry.
 MAX_ANSWER_CHARS = 200_000
+MAX_CANDIDATES = 1_000
+FRESH_SCANS = 4
+"""Objects tried in order of their opening brace: bounds the parsing an adversarial answer can cause."""
 
 
 def extract_object(text: str) -> dict[str, Any]:
@@ -33,34 +36,45 @@ def extract_object(text: str) -> dict[str, Any]:
             return whole
         raise AnswerError(f"the answer is a JSON {type(whole).__name__}, not an object")
 
-    start = text.find("{")
-    if start < 0:
+    pairs = _object_spans(text)
+    if not pairs and "{" not in text:
         raise AnswerError("the answer holds no JSON object")
-    saw_unclosed = False
-    while start >= 0:
-        end = _balanced_end(text, start)
+    for start, end in pairs[:MAX_CANDIDATES]:
         if end < 0:
-            saw_unclosed = True
-        else:
-            try:
-                obj = orjson.loads(text[start : end + 1])
-            except orjson.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                return obj
-        start = text.find("{", start + 1)
-    if saw_unclosed:
+            continue
+        try:
+            obj = orjson.loads(text[start : end + 1])
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    # A stray "{" in the prose before the object shifts the single pass's idea of strings: rescan from the first
+    # few unclosed braces afresh (a bounded number of linear scans).
+    unclosed = [start for start, end in pairs if end < 0]
+    for start in unclosed[:FRESH_SCANS]:
+        for s, e in _object_spans(text[start + 1 :]):
+            if e >= 0:
+                try:
+                    obj = orjson.loads(text[start + 1 + s : start + 2 + e])
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict):
+                    return obj
+    if unclosed:
         raise AnswerError("the answer's JSON object is not closed (truncated output?)")
     raise AnswerError("the answer holds braces but no valid JSON object")
 
 
-def _balanced_end(text: str, start: int) -> int:
-    """Index of the ``}`` closing the ``{`` at ``start``, honouring JSON strings; -1 if it never closes."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
+def _object_spans(text: str) -> list[tuple[int, int]]:
+    """Every ``{`` outside JSON strings with the index of its closing ``}`` (-1 if it never closes), by start.
+
+    One pass with a stack: linear in the answer, whatever its shape (a per-brace scan was quadratic on "{" * n).
+    Quotes count as strings only inside an object, so prose before the object cannot hide it.
+    """
+    spans: list[tuple[int, int]] = []
+    stack: list[int] = []
+    in_string = escaped = False
+    for i, ch in enumerate(text):
         if in_string:
             if escaped:
                 escaped = False
@@ -68,12 +82,12 @@ def _balanced_end(text: str, start: int) -> int:
                 escaped = True
             elif ch == '"':
                 in_string = False
-        elif ch == '"':
+        elif ch == '"' and stack:
             in_string = True
         elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
+            stack.append(len(spans))
+            spans.append((i, -1))
+        elif ch == "}" and stack:
+            at = stack.pop()
+            spans[at] = (spans[at][0], i)
+    return spans

@@ -238,3 +238,23 @@ def test_serve_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         result = CliRunner().invoke(main, ["serve", "--kb-root", str(tmp_path), "--port", str(port)])
     assert result.exit_code == 1 and "cannot listen on 127.0.0.1" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("{" * 150_000, None),  # was a quadratic scan: minutes at the answer-size limit
+        ('He said "hi {" then {"title": "a", "summary": "b"} and more', {"title": "a", "summary": "b"}),
+        ('Here is {doc}: {"title": "x", "summary": "y"}', {"title": "x", "summary": "y"}),
+        ('{"outer": 1, "inner": {"title": "t"}', {"title": "t"}),  # truncated outer, complete inner
+    ],
+)
+def test_json_extraction_is_linear_and_finds_the_object(answer: str, expected: dict[str, str] | None) -> None:
+    from kindex.errors import AnswerError
+    from kindex.jsonextract import extract_object
+
+    if expected is None:
+        with pytest.raises(AnswerError, match="not closed"):
+            extract_object(answer)
+    else:
+        assert extract_object(answer) == expected
