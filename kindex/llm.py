@@ -190,12 +190,15 @@ class LiteLLMClient:
             lt.BadGatewayError,
             lt.APIConnectionError,
             lt.Timeout,
+            TimeoutError,
         )
         fatal = (lt.AuthenticationError, lt.PermissionDeniedError, lt.NotFoundError)
         attempt = 0
         while True:
             try:
-                response = await lt.acompletion(**kwargs)
+                # The SDK's timeout bounds each wait for a byte; this bounds the whole call, so a server that
+                # trickles its answer cannot hold a run past --timeout.
+                response = await asyncio.wait_for(lt.acompletion(**kwargs), timeout=s.timeout)
                 text = _answer_text(response)
             except fatal as exc:
                 raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}") from None
@@ -264,5 +267,7 @@ def _kind(exc: BaseException) -> str:
 
 
 def _short(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "no complete answer within the call's deadline (--timeout)"
     text = " ".join(str(exc).split())
     return text[:300] + ("…" if len(text) > 300 else "")

@@ -28,6 +28,8 @@ class Reply:
     drop: bool = False
     no_choices: bool = False
     latency: float = 0.0
+    trickle: float = 0.0
+    """Seconds between the bytes of the body: a server that keeps the connection alive but never finishes."""
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -139,6 +141,13 @@ class FakeLLM:
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
+                if reply.trickle:
+                    for i in range(len(payload)):
+                        if fake._release.wait(reply.trickle):
+                            return
+                        self.wfile.write(payload[i : i + 1])
+                        self.wfile.flush()
+                    return
                 self.wfile.write(payload)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -128,3 +128,10 @@ def test_a_local_endpoint_needs_no_key(sample_kb: Path, fake_llm: FakeLLM, monke
     fake_llm.script = well_behaved
     report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
     assert report.ok and report.usage.calls > 0
+
+
+def test_the_timeout_is_a_deadline_for_the_whole_call(fake_llm: FakeLLM) -> None:
+    answer = '{"title": "t", "summary": "' + "s" * 2000 + '", "tags": []}'
+    fake_llm.script = lambda r: Reply(answer, trickle=0.05)  # ~100 s to send, one byte well within each wait
+    with pytest.raises(ModelCallError, match="deadline"):
+        complete(fake_llm, timeout=1.0, retries=0)
