@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,11 +24,22 @@ CACHE_FILE = "cache.jsonl"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync, rename, fsync the folder."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync, rename, fsync the folder.
+
+    The file keeps the mode it had; a new one gets the mode the umask allows (the kernel applies it to 0o666), so
+    a chat backend running as another user can read what kindex writes, as it could read what was there before.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        keep_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        keep_mode = None
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
+            if keep_mode is not None:
+                os.fchmod(fh.fileno(), keep_mode)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

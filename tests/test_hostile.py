@@ -258,3 +258,21 @@ def test_json_extraction_is_linear_and_finds_the_object(answer: str, expected: d
             extract_object(answer)
     else:
         assert extract_object(answer) == expected
+
+
+def test_written_files_keep_their_mode_or_honour_the_umask(sample_kb: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        kindex.reindex(sample_kb)
+        assert (sample_kb / "index.json").stat().st_mode & 0o777 == 0o644
+        assert _npz(sample_kb).stat().st_mode & 0o777 == 0o644
+        os.chmod(sample_kb / "billing" / "index.json", 0o640)
+        kindex.reindex(sample_kb, kindex.Options(force=True))
+        doc = sample_kb / "billing" / "退款政策.md"
+        doc.write_text(doc.read_text(encoding="utf-8").replace("本文说明", "本文详细说明", 1), encoding="utf-8")
+        before = (sample_kb / "billing" / "index.json").read_bytes()
+        kindex.doc(sample_kb, "billing", "退款政策.md")
+        assert (sample_kb / "billing" / "index.json").read_bytes() != before  # rewritten...
+        assert (sample_kb / "billing" / "index.json").stat().st_mode & 0o777 == 0o640  # ...with its mode kept
+    finally:
+        os.umask(old)
