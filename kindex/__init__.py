@@ -20,6 +20,7 @@ from kindex.errors import (
     ModelError,
     NotAThemeError,
     PathNotInThemeError,
+    StorageError,
     UsageError,
 )
 
@@ -148,6 +149,7 @@ __all__ = [
     "ScannedDoc",
     "SkillError",
     "SkillHit",
+    "StorageError",
     "ThemeItem",
     "UsageError",
     "__version__",

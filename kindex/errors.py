@@ -47,6 +47,15 @@ class IndexMissingError(KindexError):
     code = "index_missing"
 
 
+class StorageError(KindexError, OSError):
+    """A file kindex must write could not be written (disk full, read-only folder, permissions).
+
+    Also an ``OSError``, so code that cleans up after a failed write still sees one.
+    """
+
+    code = "storage_error"
+
+
 class BusyError(KindexError):
     """Another writer holds the KB's lock."""
 

@@ -244,6 +244,8 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 2}" if where is not None else ""
         return {}, body, f"frontmatter is not valid YAML{line}: ignored, the body is indexed"
+    except RecursionError:  # nested hundreds of levels deep: no author writes that
+        return {}, body, "frontmatter is nested too deeply: ignored, the body is indexed"
     if meta is None:
         return {}, body, None
     if not isinstance(meta, dict):

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from kindex.errors import StorageError
 from kindex.model import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
@@ -29,6 +30,18 @@ def atomic_write(path: Path, data: bytes) -> None:
     The file keeps the mode it had; a new one gets the mode the umask allows (the kernel applies it to 0o666), so
     a chat backend running as another user can read what kindex writes, as it could read what was there before.
     """
+    try:
+        _write_replace(path, data)
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(
+            f"cannot write {path.name} in {path.parent.name or path.parent}: {exc.strerror or exc} "
+            "(is the disk full or the folder read-only?); the previous file is unchanged"
+        ) from None
+
+
+def _write_replace(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         keep_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)

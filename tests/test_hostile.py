@@ -276,3 +276,22 @@ def test_written_files_keep_their_mode_or_honour_the_umask(sample_kb: Path) -> N
         assert (sample_kb / "billing" / "index.json").stat().st_mode & 0o777 == 0o640  # ...with its mode kept
     finally:
         os.umask(old)
+
+
+def test_deep_frontmatter_is_ignored_not_fatal(sample_kb: Path) -> None:
+    (sample_kb / "deep.md").write_text("---\na: " + "[" * 500 + "]" * 500 + "\n---\n# 深层\n\n正文。\n", "utf-8")
+    report = kindex.reindex(sample_kb)
+    assert report.ok
+    warnings = kindex.preview(sample_kb).to_dict()["warnings"]
+    assert {"path": "deep.md", "reason": "frontmatter is nested too deeply: ignored, the body is indexed"} in warnings
+
+
+def test_a_failed_write_is_a_storage_error_and_the_old_file_stays(tmp_path: Path) -> None:
+    from kindex.store import atomic_write
+
+    target = tmp_path / "index.json"
+    target.write_bytes(b"old")
+    (tmp_path / "sub").write_bytes(b"a file where a folder is needed")
+    with pytest.raises(kindex.StorageError, match=r"cannot write index\.json"):
+        atomic_write(tmp_path / "sub" / "index.json", b"new")
+    assert target.read_bytes() == b"old"
