@@ -186,6 +186,9 @@ def _scan_file(
         if not target.is_relative_to(root):
             skipped.append(Skipped(rel, "symlink points outside the knowledge folder: not followed"))
             return None
+        if _hidden(target.relative_to(root)):
+            skipped.append(Skipped(rel, "symlink points to a hidden file or folder: not followed"))
+            return None
     if not path.is_file():
         skipped.append(Skipped(rel, "not a regular file"))
         return None
@@ -295,6 +298,11 @@ def _show(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def _hidden(rel: Path) -> bool:
+    """Whether a KB-relative path passes through a name starting with "." (kindex's state, secrets, VCS data)."""
+    return any(part.startswith(".") for part in rel.parts)
+
+
 def servable(kb: Path, rel: str) -> bool:
     """Whether ``rel`` names a regular ``.md`` file inside ``kb`` that may be read at query time: never a FIFO or
     a device (they would block the reader), never a file outside the KB through a symlink or ``..``, never one
@@ -306,7 +314,12 @@ def servable(kb: Path, rel: str) -> bool:
         st = os.stat(real)
     except (OSError, ValueError):  # missing, a name too long, a loop of links
         return False
-    return real.is_relative_to(kb) and stat.S_ISREG(st.st_mode) and st.st_size <= MAX_DOC_BYTES
+    return (
+        real.is_relative_to(kb)
+        and not _hidden(real.relative_to(kb))
+        and stat.S_ISREG(st.st_mode)
+        and st.st_size <= MAX_DOC_BYTES
+    )
 
 
 def document_text(kb: Path, rel: str) -> str | None:

@@ -295,3 +295,16 @@ def test_a_failed_write_is_a_storage_error_and_the_old_file_stays(tmp_path: Path
     with pytest.raises(kindex.StorageError, match=r"cannot write index\.json"):
         atomic_write(tmp_path / "sub" / "index.json", b"new")
     assert target.read_bytes() == b"old"
+
+
+def test_a_symlink_to_a_hidden_file_is_neither_indexed_nor_served(sample_kb: Path) -> None:
+    (sample_kb / ".secret").write_text("# 退款密钥\n\nAPI_KEY=sk-123\n", encoding="utf-8")
+    (sample_kb / "hidden.md").symlink_to(".secret")
+
+    kindex.reindex(sample_kb)
+
+    assert {"path": "hidden.md", "reason": "symlink points to a hidden file or folder: not followed"} in (
+        kindex.preview(sample_kb).to_dict()["skipped"]
+    )
+    ctx = kindex.build_context(sample_kb, "退款密钥", fallback_docs=["hidden.md"])
+    assert "sk-123" not in ctx.text
