@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import re
 import tempfile
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, File, Query, Request, UploadFile
@@ -53,6 +55,7 @@ log = logging.getLogger("kindex.server")
 _STATUS = {
     "invalid_request": 422,
     "unauthorized": 401,
+    "forbidden": 403,
     "kb_not_found": 404,
     "not_a_theme": 404,
     "path_not_in_theme": 404,
@@ -412,6 +415,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, desc in (
         (400, "Malformed request body (`invalid_request`)."),
         (401, "Missing or wrong bearer token (`unauthorized`)."),
+        (403, "Without a token: a request not to and from this machine (`forbidden`)."),
         (404, "Unknown KB, theme, document or task."),
         (409, "The agent's KB is busy, has no index, or the task was cancelled."),
         (413, "Request body too large."),
@@ -419,6 +423,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (502, "The model could not be used (`model_error`)."),
     )
 }
+
+
+def _loopback(netloc: str) -> bool:
+    """Whether a Host header or an origin's host:port names this machine (localhost, 127.0.0.0/8, ::1)."""
+    if netloc.startswith("["):
+        host = netloc[1 : netloc.find("]")] if "]" in netloc else ""
+    else:
+        host = netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(
@@ -450,6 +468,17 @@ def create_app(
 
     def authorize(request: Request) -> None:
         if token is None:
+            # Without a token only this machine may call, and a browser page of another site must not reach the
+            # server through the user's browser: a DNS-rebound name fails the Host check, a cross-site request
+            # (form post, fetch) the Origin check.
+            host = request.headers.get("host", "")
+            origin = request.headers.get("origin")
+            if not _loopback(host) or (origin is not None and not _loopback(urlsplit(origin).netloc)):
+                raise ApiError(
+                    "forbidden",
+                    "without KINDEX_API_TOKEN this server answers only requests to and from this machine "
+                    "(Host and Origin must be localhost); set a token to serve others",
+                )
             return
         given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")

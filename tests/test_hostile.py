@@ -308,3 +308,25 @@ def test_a_symlink_to_a_hidden_file_is_neither_indexed_nor_served(sample_kb: Pat
     )
     ctx = kindex.build_context(sample_kb, "退款密钥", fallback_docs=["hidden.md"])
     assert "sk-123" not in ctx.text
+
+
+def test_a_tokenless_server_refuses_other_hosts_and_cross_site_origins(sample_kb: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from kindex.server import create_app
+
+    kindex.reindex(sample_kb)
+    app = create_app(sample_kb.parent, llm=kindex.LLMSettings())
+    url = f"/v1/agents/{sample_kb.name}/knowledge/context"
+
+    async def post(base: str, headers: dict[str, str]) -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base) as client:
+            return (await client.post(url, json={"message": "退款"}, headers=headers)).status_code
+
+    assert asyncio.run(post("http://127.0.0.1:8765", {})) == 200
+    assert asyncio.run(post("http://localhost", {"Origin": "http://localhost:3000"})) == 200
+    assert asyncio.run(post("http://evil.example:8765", {})) == 403  # DNS rebinding
+    assert asyncio.run(post("http://127.0.0.1:8765", {"Origin": "http://evil.example"})) == 403
+    assert asyncio.run(post("http://127.0.0.1:8765", {"Origin": "null"})) == 403

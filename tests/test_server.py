@@ -192,7 +192,7 @@ def test_context_never_imports_litellm(kb_root: Path) -> None:
         "from kindex.server import create_app\n"
         "app = create_app(sys.argv[1])\n"
         "async def go():\n"
-        "    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url='http://t') as c:\n"
+        "    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url='http://127.0.0.1') as c:\n"
         "        r = await c.post('/v1/agents/agent1/knowledge/context', json={'message': '退款多久到账'})\n"
         "        assert r.status_code == 200, r.text\n"
         "asyncio.run(go())\n"
