@@ -432,6 +432,11 @@ def import_skill(
             if staged is None:
                 raise SkillError("; ".join(str(p).replace(staging.name + "/", "") for p in problems))
             name, renamed_from = staged.name, None
+            if replace and (root / name).exists() and not (root / name / SKILL_FILE).is_file():
+                raise SkillError(
+                    f"'{name}' is a folder of ordinary documents, not a skill: replacing it is refused "
+                    "(rename the skill, or move that folder first)"
+                )
             if (root / name).exists() and not replace:
                 version = 2
                 while (root / f"{name}-v{version}").exists():
@@ -475,9 +480,7 @@ def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> ge
         if isinstance(exc, KindexError):
             raise SkillError(f"installing {name!r} failed and the previous state was restored: {exc.message}") from exc
         raise
-    finally:
-        if had_old and backup_dir.exists() and target.exists():
-            shutil.rmtree(backup_dir, ignore_errors=True)
+    # The replaced package stays in the backup folder (.kindex/backup/): a replace can be undone by hand.
 
 
 def _reindex_skill(root: Path, name: str, opts: generate.Options) -> generate.RunReport:

@@ -291,3 +291,22 @@ def test_import_cli_limits_and_messages(library: Path, tmp_path: Path) -> None:
     assert result.exit_code == 1 and "more than the limit of 1000" in result.stderr
     result = CliRunner().invoke(main, ["skills", "import", str(library), str(package)])
     assert result.exit_code == 0 and result.stdout.startswith("installed skill big: 2 files indexed")
+
+
+def test_replace_never_touches_a_folder_that_is_not_a_skill(library: Path) -> None:
+    write(library / "billing" / "refunds.md", "# Refunds\n\nHow refunds work.\n")
+    kindex.reindex(library)
+    package = make_zip({"billing/SKILL.md": skill_md("billing", "Billing helper.")})
+
+    with pytest.raises(skills.SkillError, match="not a skill: replacing it is refused"):
+        skills.import_skill(library, package, replace=True)
+
+    assert (library / "billing" / "refunds.md").read_text(encoding="utf-8").startswith("# Refunds")
+    assert not (library / "billing" / "SKILL.md").exists()
+
+
+def test_a_replaced_skill_stays_in_the_backup(library: Path) -> None:
+    package = make_zip({"pdf-tools/SKILL.md": skill_md("pdf-tools", "A new PDF toolkit.")})
+    assert skills.import_skill(library, package, replace=True).replaced
+    backups = list((library / ".kindex" / "backup").glob("pdf-tools-*"))
+    assert len(backups) == 1 and "Create, merge and edit" in (backups[0] / "SKILL.md").read_text(encoding="utf-8")
