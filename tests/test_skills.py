@@ -310,3 +310,8 @@ def test_a_replaced_skill_stays_in_the_backup(library: Path) -> None:
     assert skills.import_skill(library, package, replace=True).replaced
     backups = list((library / ".kindex" / "backup").glob("pdf-tools-*"))
     assert len(backups) == 1 and "Create, merge and edit" in (backups[0] / "SKILL.md").read_text(encoding="utf-8")
+
+
+def test_one_keyword_finds_its_skill(library: Path) -> None:
+    assert skills.find_skills(library, "PDF")[0].uri.startswith("pdf-tools/")
+    assert skills.find_skills(library, "vault")[0].uri.startswith("vault-helper/")
