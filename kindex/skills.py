@@ -549,6 +549,18 @@ def skill_version(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _manifest_versions(manifest: object) -> dict[str, str]:
+    """Skill name → version from a sync manifest; :class:`SkillError` when it is not shaped like one."""
+    if manifest is None:
+        return {}
+    entries = manifest.get("skills", []) if isinstance(manifest, dict) else None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("version"), str) for e in entries
+    ):
+        raise SkillError("the sync manifest is malformed: expected {'skills': [{'name', 'version'}, …]}")
+    return {e["name"]: e["version"] for e in entries}
+
+
 def sync_skills(
     src: str | os.PathLike[str],
     dest: str | os.PathLike[str] | None,
@@ -573,8 +585,11 @@ def sync_skills(
     src_root = Path(src).resolve()
     dest_root = Path(dest).resolve() if dest is not None else None
     if previous is None and dest_root is not None and (dest_root / MANIFEST).exists():
-        previous = orjson.loads((dest_root / MANIFEST).read_bytes())
-    before = {s["name"]: s["version"] for s in (previous or {}).get("skills", []) if isinstance(s, dict)}
+        try:
+            previous = orjson.loads((dest_root / MANIFEST).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise SkillError(f"{MANIFEST} in the destination is unreadable ({exc}): remove it to sync afresh") from None
+    before = _manifest_versions(previous)
     versions = {name: skill_version(src_root / skills[name].folder) for name in selected}
     changed = [n for n in selected if before.get(n) != versions[n] or (dest_root and not (dest_root / n).is_dir())]
     removed = sorted(set(before) - set(selected))

@@ -62,3 +62,9 @@ def test_hostile_packages_and_oversized_uploads_are_refused(app: FastAPI) -> Non
 
     r = call(app, "POST", "/v1/agents/lib/knowledge/context", content=b"x" * (300 * 1024))
     assert r.status_code == 413  # the larger upload limit is for skill packages only
+
+
+def test_a_malformed_sync_manifest_is_a_422_not_a_500(app: FastAPI) -> None:
+    for manifest in ({"skills": 5}, {"skills": [{"name": ["x"], "version": "1"}]}):
+        r = call(app, "POST", f"{BASE}/sync", json={"manifest": manifest})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_skill", r.text

@@ -315,3 +315,9 @@ def test_a_replaced_skill_stays_in_the_backup(library: Path) -> None:
 def test_one_keyword_finds_its_skill(library: Path) -> None:
     assert skills.find_skills(library, "PDF")[0].uri.startswith("pdf-tools/")
     assert skills.find_skills(library, "vault")[0].uri.startswith("vault-helper/")
+
+
+@pytest.mark.parametrize("manifest", [{"skills": 5}, {"skills": [{"name": ["x"], "version": "1"}]}, [1, 2]])
+def test_a_malformed_sync_manifest_is_a_clear_error(library: Path, tmp_path: Path, manifest: object) -> None:
+    with pytest.raises(skills.SkillError, match="sync manifest is malformed"):
+        skills.sync_skills(library, tmp_path / "ws", previous=manifest)  # type: ignore[arg-type]
