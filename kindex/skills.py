@@ -18,6 +18,7 @@ import stat
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -39,6 +40,8 @@ DESCRIPTION_MAX = 1024
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
 DEFAULT_MAX_ZIP_FILES = 2000
+MAX_ZIP_DEPTH = 32
+"""Folders deep a package member may lie: deeper is no skill package (and would exhaust path limits)."""
 _OVERVIEW_NAMES = ("readme.md", "index.md", "overview.md")
 
 
@@ -347,6 +350,10 @@ def _zip_members(
         path = PurePosixPath(raw.replace("\\", "/"))
         if ".." in path.parts:
             raise SkillError(f"archive: {raw!r} climbs out of the package (..)")
+        if len(path.parts) > MAX_ZIP_DEPTH or any(len(part.encode()) > 255 for part in path.parts):
+            raise SkillError(
+                f"archive: {raw[:80]!r}… is nested deeper than {MAX_ZIP_DEPTH} folders or has a name over 255 bytes"
+            )
         if stat.S_ISLNK(mode):
             raise SkillError(f"archive: {raw!r} is a symbolic link")
         kind = stat.S_IFMT(mode)  # many archivers store permission bits only: no type means a plain file
@@ -357,6 +364,11 @@ def _zip_members(
             raise SkillError(f"archive: {raw!r} appears twice")
         seen.add(key)
         names.append((info, path))
+    files = {str(p).casefold() for i, p in names if not i.is_dir()}
+    for _, path in names:
+        for parent in list(path.parents)[:-1]:
+            if str(parent).casefold() in files:
+                raise SkillError(f"archive: {str(parent)!r} is both a file and a folder")
     roots = [p for _, p in names if p.name == SKILL_FILE]
     top = [p for p in roots if len(p.parts) <= 2]
     if not top:
@@ -426,7 +438,13 @@ def import_skill(
         work.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="skill-", dir=work))
         try:
-            _extract(archive, members, staging, max_bytes)
+            try:
+                _extract(archive, members, staging, max_bytes)
+            except SkillError:
+                raise
+            except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError, zlib.error) as exc:
+                # Bad CRC, sizes that lie, encrypted members, unknown compression: the archive is damaged.
+                raise SkillError(f"archive: cannot be unpacked ({exc})") from None
             problems: list[Problem] = []
             staged = _read_staged(staging, problems)
             if staged is None:

@@ -321,3 +321,46 @@ def test_one_keyword_finds_its_skill(library: Path) -> None:
 def test_a_malformed_sync_manifest_is_a_clear_error(library: Path, tmp_path: Path, manifest: object) -> None:
     with pytest.raises(skills.SkillError, match="sync manifest is malformed"):
         skills.sync_skills(library, tmp_path / "ws", previous=manifest)  # type: ignore[arg-type]
+
+
+def _broken_zips() -> dict[str, bytes]:
+    import struct
+
+    good = {"x/SKILL.md": skill_md("x", "X."), "x/ref.md": "# ref\n\n" + "body " * 200}
+    out: dict[str, bytes] = {}
+    data = bytearray(make_zip(good))
+    at = data.find(b"PK\x03\x04", data.find(b"PK\x03\x04") + 4)  # the second member's local header
+    data[at + 40] ^= 0xFF  # a byte of its compressed data
+    out["bad CRC or data"] = bytes(data)
+    data = bytearray(make_zip(good))
+    central = data.rfind(b"PK\x01\x02")
+    struct.pack_into("<I", data, central + 24, 10)  # the last member claims 10 bytes
+    out["lying size"] = bytes(data)
+    data = bytearray(make_zip(good))
+    for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # the "encrypted" flag bit
+        p = 0
+        while (p := data.find(sig, p)) >= 0:
+            struct.pack_into("<H", data, p + offset, 1)
+            p += 4
+    out["encrypted member"] = bytes(data)
+    data = bytearray(make_zip(good))
+    for sig, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # compression method 99
+        p = 0
+        while (p := data.find(sig, p)) >= 0:
+            struct.pack_into("<H", data, p + offset, 99)
+            p += 4
+    out["unknown compression"] = bytes(data)
+    out["file and folder clash"] = make_zip({**good, "x/ref.md/inner.md": "# inner\n"})
+    out["2,000 levels"] = make_zip({**good, "x/" + "d/" * 2000 + "f.md": "# deep\n"})
+    out["300-character name"] = make_zip({**good, "x/" + "n" * 300 + ".md": "# long\n"})
+    out["deep YAML"] = make_zip({"x/SKILL.md": "---\nname: x\ndescription: X.\nmetadata: " + "[" * 500 + "]" * 500})
+    return out
+
+
+@pytest.mark.parametrize("kind", list(_broken_zips()))
+def test_a_broken_zip_is_a_clear_error_and_changes_nothing(library: Path, kind: str) -> None:
+    before = sorted(p.relative_to(library).as_posix() for p in library.rglob("*") if ".kindex" not in p.parts)
+    with pytest.raises(skills.SkillError):
+        skills.import_skill(library, _broken_zips()[kind])
+    after = sorted(p.relative_to(library).as_posix() for p in library.rglob("*") if ".kindex" not in p.parts)
+    assert after == before
