@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import extractive, searchindex
-from kindex.errors import AnswerError, CancelledRun, InterruptedRun, UsageError
+from kindex.errors import AnswerError, CancelledRun, InterruptedRun, KBNotFoundError, UsageError
 from kindex.generators import (
     Answer,
     GenerationFailed,
@@ -338,6 +338,11 @@ class _Runner:
 
     def _write(self, path: Path, index: Index) -> None:
         self._check_cancel()
+        if not path.parent.is_dir():  # writing would recreate a folder someone deleted during the run
+            raise KBNotFoundError(
+                f"{path.parent.relative_to(self.scan.kb).as_posix() or 'the knowledge folder'} disappeared during "
+                "the run: nothing more was written"
+            )
         if write_index(path, index):
             self.report.written.append(path.relative_to(self.scan.kb).as_posix())
 

@@ -135,3 +135,16 @@ def test_the_timeout_is_a_deadline_for_the_whole_call(fake_llm: FakeLLM) -> None
     fake_llm.script = lambda r: Reply(answer, trickle=0.05)  # ~100 s to send, one byte well within each wait
     with pytest.raises(ModelCallError, match="deadline"):
         complete(fake_llm, timeout=1.0, retries=0)
+
+
+def test_a_kb_deleted_during_the_run_fails_and_is_not_recreated(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    import shutil
+
+    def delete_then_answer(request: dict[str, Any]) -> Reply:
+        shutil.rmtree(sample_kb, ignore_errors=True)
+        return well_behaved(request)
+
+    fake_llm.script = delete_then_answer
+    with pytest.raises(kindex.KBNotFoundError, match="disappeared during the run"):
+        kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
+    assert not any(p.name == "index.json" for p in sample_kb.rglob("*")) if sample_kb.exists() else True
