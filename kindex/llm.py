@@ -120,7 +120,8 @@ class LiteLLMClient:
             raise UsageError("no model configured: pass --model or set KINDEX_MODEL")
         self.settings = settings
         self._litellm = import_litellm()
-        self._api_key = self._check_keys()
+        self._keys_checked = False
+        self._api_key: str | None = None
         self._response_format = self._choose_response_format()
 
     def _check_keys(self) -> str | None:
@@ -162,6 +163,9 @@ class LiteLLMClient:
     async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
         lt = self._litellm
         s = self.settings
+        if not self._keys_checked:  # before the first call, not at construction: a dry run needs no key
+            self._api_key = self._check_keys()
+            self._keys_checked = True
         kwargs: dict[str, Any] = {
             "model": s.model,
             "messages": [dict(m) for m in messages],
