@@ -15,7 +15,7 @@ import orjson
 
 from kindex import extractive, templating
 from kindex.errors import AnswerError, KindexError, ModelCallError
-from kindex.jsonextract import extract_object
+from kindex.jsonextract import extract_object, salvage_truncated
 from kindex.llm import Completion, LLMClient, LLMSettings, Message
 from kindex.model import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
 from kindex.sanitize import doc_entry, require_root_lists
@@ -212,7 +212,7 @@ class LLMGenerator:
                 raise GenerationFailed(exc.message, usage) from None
             usage.add(completion)
             try:
-                obj = extract_object(completion.text)
+                obj = _extract_or_salvage(completion.text)
                 check(obj)
             except AnswerError as exc:
                 if attempt == 2:
@@ -227,6 +227,18 @@ class LLMGenerator:
                 continue
             return Answer(obj, usage)
         raise AssertionError("unreachable")
+
+
+def _extract_or_salvage(text: str) -> dict[str, Any]:
+    """The answer's object; for an answer cut off by ``max_tokens``, its complete members (see
+    :func:`salvage_truncated`), which spares a repair request that would most likely be cut off again."""
+    try:
+        return extract_object(text)
+    except AnswerError as exc:
+        salvaged = salvage_truncated(text) if "not closed" in exc.message else None
+        if salvaged is None:
+            raise
+        return salvaged
 
 
 def _check_doc(obj: Mapping[str, Any]) -> None:

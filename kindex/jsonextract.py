@@ -91,3 +91,45 @@ def _object_spans(text: str) -> list[tuple[int, int]]:
             at = stack.pop()
             spans[at] = (spans[at][0], i)
     return spans
+
+
+def salvage_truncated(text: str) -> dict[str, Any] | None:
+    """The complete members of a JSON object whose end was cut off (``max_tokens`` reached), or ``None``.
+
+    A small model that loops on tags runs out of tokens with its title and summary long finished: the object up to
+    its last complete member, closed, is a usable entry (the caller still checks it). Linear, like the scan above.
+    """
+    if len(text) > MAX_ANSWER_CHARS:
+        return None
+    start = text.find("{")
+    if start < 0:
+        return None
+    depth = 0
+    in_string = escaped = False
+    last_member_end = -1
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return None  # the object is closed: not a truncation
+        elif ch == "," and depth == 1:
+            last_member_end = i
+    if last_member_end < 0:
+        return None
+    try:
+        obj = orjson.loads(text[start:last_member_end] + "}")
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and obj else None

@@ -208,3 +208,22 @@ def test_a_proposed_glob_is_kept_when_the_document_names_that_file_type() -> Non
     answer = {"title": "T", "summary": "S", "paths": ["src/**/*.vue", "**/*.md", "*", "docs/readme"]}
     assert doc_entry(answer, "a.md", evidence="Rules for every .vue single-file component").paths == ("src/**/*.vue",)
     assert doc_entry(answer, "a.md", evidence="How refunds work").paths == ()
+
+
+def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_call(
+    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
+) -> None:
+    def script(request: dict[str, Any]) -> Reply:
+        inner = well_behaved(request).content or ""
+        if '"themes"' in inner:
+            return Reply(inner)
+        obj = json.loads(inner)
+        looping = ", ".join(f'"标签{i}"' for i in range(400))  # what a small model does until max_tokens
+        return Reply(f'{{"title": {json.dumps(obj["title"])}, "summary": "摘要完整。", "tags": [{looping}')
+
+    fake_llm.script = script
+    report = kindex.reindex(sample_kb, llm_options)
+
+    assert report.ok and report.usage.calls == 19  # every document answered, no repair request, no failure
+    doc = load(sample_kb / "sync" / "index.json")["documents"][0]
+    assert doc["summary"] == "摘要完整。" and doc["title"]  # the complete members kept, the cut-off tags dropped
