@@ -740,6 +740,12 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        raw_path = bytes(scope.get("raw_path") or b"").lower()
+        if b"%2f" in raw_path or b"%5c" in raw_path:
+            # An encoded slash would be decoded before routing: "demo%2Fknowledge%2Findex" must not become a path.
+            error = ApiError("not_found", "no such route: agent ids, folders and paths never contain an encoded slash")
+            await _error_response(error)(scope, receive, send)
+            return
         limit = MAX_UPLOAD_BYTES if str(scope.get("path", "")).endswith("/skills/import") else self.limit
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:

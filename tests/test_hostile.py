@@ -330,3 +330,22 @@ def test_a_tokenless_server_refuses_other_hosts_and_cross_site_origins(sample_kb
     assert asyncio.run(post("http://evil.example:8765", {})) == 403  # DNS rebinding
     assert asyncio.run(post("http://127.0.0.1:8765", {"Origin": "http://evil.example"})) == 403
     assert asyncio.run(post("http://127.0.0.1:8765", {"Origin": "null"})) == 403
+
+
+def test_an_encoded_slash_in_a_path_is_never_routed(sample_kb: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from kindex.server import create_app
+
+    kindex.reindex(sample_kb)
+    app = create_app(sample_kb.parent, llm=kindex.LLMSettings())
+
+    async def get(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.get(url)
+
+    assert asyncio.run(get(f"/v1/agents/{sample_kb.name}/knowledge/index")).status_code == 200
+    r = asyncio.run(get(f"/v1/agents/{sample_kb.name}%2Fknowledge%2Findex"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
