@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from kindex.errors import StorageError
+from kindex.errors import KBNotFoundError, StorageError
 from kindex.model import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
@@ -135,8 +135,14 @@ class Cache:
         """Record an answer and append it to disk at once, so a crash right after loses nothing."""
         self._entries[key] = dict(value)
         if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("ab")
+            try:
+                # Only .kindex itself: creating its parents would recreate a KB deleted during the run.
+                self.path.parent.mkdir(exist_ok=True)
+                self._fh = self.path.open("ab")
+            except FileNotFoundError:
+                raise KBNotFoundError(
+                    "the knowledge folder disappeared during the run: nothing more was written"
+                ) from None
         # One write per record, flushed to the OS at once: a killed process loses at most the line it was writing.
         self._fh.write(orjson.dumps({"key": key, "value": value}) + b"\n")
         self._fh.flush()

@@ -146,5 +146,5 @@ def test_a_kb_deleted_during_the_run_fails_and_is_not_recreated(sample_kb: Path,
 
     fake_llm.script = delete_then_answer
     with pytest.raises(kindex.KBNotFoundError, match="disappeared during the run"):
-        kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
+        kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm), concurrency=1))
     assert not any(p.name == "index.json" for p in sample_kb.rglob("*")) if sample_kb.exists() else True
