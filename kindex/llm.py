@@ -208,7 +208,9 @@ class LiteLLMClient:
                 raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}") from None
             except (*retryable, _EmptyAnswer) as exc:
                 if attempt >= s.retries:
-                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {_short(exc)}") from None
+                    where = s.api_base or "the provider"
+                    detail = f"cannot connect to {where}" if _no_connection(exc) else _short(exc)
+                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {detail}") from None
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue
@@ -265,9 +267,23 @@ def retry_after(exc: BaseException) -> float | None:
 
 
 def _kind(exc: BaseException) -> str:
+    if _no_connection(exc):
+        return "no connection"  # litellm reports a refused connection as an HTTP 500 it never received
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
     return f"{name} (HTTP {status})" if isinstance(status, int) else name
+
+
+def _no_connection(exc: BaseException) -> bool:
+    """Whether the call never reached a server (refused, unreachable, DNS), whatever litellm wrapped it in."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain of causes is short; bounded against a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionError) or type(seen).__name__ in ("ConnectError", "APIConnectionError"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Connection error" in str(exc)
 
 
 def _short(exc: BaseException) -> str:

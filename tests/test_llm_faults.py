@@ -148,3 +148,18 @@ def test_a_kb_deleted_during_the_run_fails_and_is_not_recreated(sample_kb: Path,
     with pytest.raises(kindex.KBNotFoundError, match="disappeared during the run"):
         kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm), concurrency=1))
     assert not any(p.name == "index.json" for p in sample_kb.rglob("*")) if sample_kb.exists() else True
+
+
+def test_a_refused_connection_is_reported_as_such_not_as_http_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again on leaving: nothing listens there
+    settings = kindex.LLMSettings(model="openai/fake", api_base=f"http://127.0.0.1:{port}/v1", timeout=5.0, retries=0)
+    client = LiteLLMClient(settings)
+    with pytest.raises(
+        ModelCallError, match=rf"no connection after 1 attempts: cannot connect to http://127\.0\.0\.1:{port}/v1"
+    ):
+        asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
