@@ -73,6 +73,11 @@ class ModelCallError(KindexError):
 
     code = "model_error"
 
+    def __init__(self, message: str, retries: int = 0) -> None:
+        super().__init__(message)
+        self.retries = retries
+        """How many times the call was retried before it was given up: they count in the run's report."""
+
 
 class AnswerError(KindexError):
     """A model answer that does not hold a usable JSON object."""

@@ -209,6 +209,8 @@ class LLMGenerator:
             try:
                 completion = await self.client.complete(convo, json_schema=schema)
             except ModelCallError as exc:
+                usage.calls += 1  # a call that failed was still made (and may be billed): the report counts it
+                usage.retries += exc.retries
                 raise GenerationFailed(exc.message, usage) from None
             usage.add(completion)
             try:

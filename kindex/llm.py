@@ -210,12 +210,12 @@ class LiteLLMClient:
                 if attempt >= s.retries:
                     where = s.api_base or "the provider"
                     detail = f"cannot connect to {where}" if _no_connection(exc) else _short(exc)
-                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {detail}") from None
+                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {detail}", attempt) from None
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue
             except lt.APIError as exc:
-                raise ModelCallError(f"{_kind(exc)}: {_short(exc)}") from None
+                raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt) from None
             usage = getattr(response, "usage", None)
             prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
             completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)

@@ -163,3 +163,13 @@ def test_a_refused_connection_is_reported_as_such_not_as_http_500(monkeypatch: p
         ModelCallError, match=rf"no connection after 1 attempts: cannot connect to http://127\.0\.0\.1:{port}/v1"
     ):
         asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
+
+
+def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    kindex.reindex(sample_kb)  # offline first: the theme exists, its documents get extractive stand-ins
+    fake_llm.script = lambda r: Reply("boom", status=500)
+
+    report = kindex.sub(sample_kb, "sync", Options(llm=llm_settings(fake_llm, retries=1)))
+
+    assert len(report.failures) == 4 and len(fake_llm.requests) == 8
+    assert (report.usage.calls, report.usage.retries) == (4, 4)
