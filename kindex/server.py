@@ -401,6 +401,20 @@ class Tasks:
 # -- the app ------------------------------------------------------------------------------------------------------
 
 
+_PID_HOST = re.compile(r", pid \d{1,10} on [^,;)]{1,255}")
+_CLI_ADVICE = re.compile(r"`kindex (reindex|root|sub|doc)[^`]{0,300}`")
+
+
+def _for_http(message: str, root: Path, agent_id: str | None) -> str:
+    """A core error message as an HTTP client should read it: paths relative to the agents' folder, no process id
+    or host name of the server, and the route to call instead of the command to type."""
+    message = message[:2000].replace(f"{root}/", "").replace(str(root), "the agents' folder")
+    message = _PID_HOST.sub("", message)
+    agent = agent_id if isinstance(agent_id, str) and AGENT_ID.fullmatch(agent_id) else "{agent_id}"
+    routes = {"reindex": "reindex", "root": "reindex/root", "sub": "reindex/sub", "doc": "reindex/sub/doc"}
+    return _CLI_ADVICE.sub(lambda m: f"POST /v1/agents/{agent}/knowledge/{routes[m.group(1)]}", message)
+
+
 def _error_body(err: ApiError) -> dict[str, Any]:
     return {"code": err.code, "message": err.message, **err.extra}
 
@@ -465,6 +479,7 @@ def create_app(
         responses=_ERRORS,
     )
     app.state.tasks = tasks
+    app.state.kb_root = root
 
     def authorize(request: Request) -> None:
         if token is None:
@@ -673,8 +688,9 @@ def _install_handlers(app: FastAPI) -> None:
         return _error_response(exc)
 
     @app.exception_handler(KindexError)
-    async def kindex_error(_: Request, exc: KindexError) -> JSONResponse:
-        return _error_response(ApiError(exc.code, exc.message))
+    async def kindex_error(request: Request, exc: KindexError) -> JSONResponse:
+        message = _for_http(exc.message, request.app.state.kb_root, request.path_params.get("agent_id"))
+        return _error_response(ApiError(exc.code, message))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -349,3 +349,22 @@ def test_an_encoded_slash_in_a_path_is_never_routed(sample_kb: Path) -> None:
     assert asyncio.run(get(f"/v1/agents/{sample_kb.name}/knowledge/index")).status_code == 200
     r = asyncio.run(get(f"/v1/agents/{sample_kb.name}%2Fknowledge%2Findex"))
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_http_errors_name_kb_relative_paths_and_routes_not_commands(sample_kb: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from kindex.server import create_app
+
+    app = create_app(sample_kb.parent, llm=kindex.LLMSettings())  # the KB has no index yet
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.post(f"/v1/agents/{sample_kb.name}/knowledge/context", json={"message": "退款"})
+
+    r = asyncio.run(post())
+    message = r.json()["error"]["message"]
+    assert r.status_code == 409 and str(sample_kb.parent) not in message
+    assert f"POST /v1/agents/{sample_kb.name}/knowledge/reindex" in message and "kindex reindex" not in message
