@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ from kindex.retrieve import (
 )
 from kindex.scan import scan
 
+DEFAULT_TASK_WORKERS = 8
+"""Generation steps that run at once in one server; more wait queued (each runs its own model calls concurrently)."""
 AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_BODY_BYTES = 256 * 1024
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # skill ZIP uploads; what they unpack to is limited separately
@@ -300,6 +303,24 @@ class Task:
     finished_at: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+    _waiters_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def wait(self) -> None:
+        """Wait for the task without holding a thread: the worker wakes this coroutine when it finishes."""
+        event = asyncio.Event()
+        with self._waiters_lock:
+            if self.done.is_set():
+                return
+            self._waiters.append((asyncio.get_running_loop(), event))
+        await event.wait()
+
+    def finish(self) -> None:
+        with self._waiters_lock:
+            self.done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -318,10 +339,12 @@ class Task:
 class Tasks:
     """The server's tasks: at most one writer task per agent (a second one is refused with 409 ``busy``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = DEFAULT_TASK_WORKERS) -> None:
         self._tasks: dict[str, Task] = {}
         self._running: dict[str, str] = {}
-        self._threads: list[threading.Thread] = []
+        # Steps run in their own bounded pool: more tasks than workers wait "queued", and neither they nor the
+        # requests waiting for them take a thread from the pool that serves other requests.
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kindex-task")
         self._lock = threading.Lock()
 
     def start(
@@ -345,9 +368,7 @@ class Tasks:
             on_progress=lambda p: self._progress(task, p),
             cancel=task.cancel,
         )
-        thread = threading.Thread(target=self._run, args=(task, body, opts), name=f"kindex-{step}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        self._pool.submit(self._run, task, body, opts)
         return task
 
     @staticmethod
@@ -372,7 +393,7 @@ class Tasks:
             with self._lock:
                 if self._running.get(task.agent_id) == task.id:
                     del self._running[task.agent_id]
-            task.done.set()
+            task.finish()
 
     def get(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
@@ -389,8 +410,9 @@ class Tasks:
             if not task.done.is_set():
                 task.cancel.set()
         deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._pool.shutdown(wait=False, cancel_futures=False)
+        for task in list(self._tasks.values()):
+            task.done.wait(max(0.0, deadline - time.monotonic()))
 
     def _forget_old(self) -> None:
         finished = [t for t in self._tasks.values() if t.done.is_set()]
@@ -515,7 +537,7 @@ def create_app(
         task = tasks.start(agent_id, step, lambda opts: body(kb, opts), base_options)
         if not wait:
             return JSONResponse(task.to_dict(), status_code=202, headers={"Location": f"/v1/tasks/{task.id}"})
-        await asyncio.get_running_loop().run_in_executor(None, task.done.wait)
+        await task.wait()
         if task.error is not None:
             return _error_response(task.error)
         assert task.report is not None

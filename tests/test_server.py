@@ -200,3 +200,36 @@ def test_context_never_imports_litellm(kb_root: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe, str(kb_root)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_requests_waiting_for_a_task_hold_no_thread(kb_root: Path, fake_llm: FakeLLM) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    shutil.copytree(SAMPLE_KB, kb_root / "agent2", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    release = threading.Event()
+
+    def held(request: dict[str, Any]) -> Reply:
+        release.wait(60)
+        return well_behaved(request)
+
+    fake_llm.script = held
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def scenario() -> int:
+        # One worker in the loop's default pool: a waiting request that held it would stall the next request.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers) as client:
+            waiting = asyncio.create_task(client.post(f"{BASE}/reindex", params={"wait": "true"}))
+            await asyncio.to_thread(fake_llm.wait_for_requests, 1)
+            other = client.post(
+                "/v1/agents/agent2/knowledge/reindex/sub", json={"dir": "billing"}, params={"wait": "false"}
+            )
+            status = (await asyncio.wait_for(other, timeout=30)).status_code  # stalled forever before the fix
+            release.set()
+            assert (await waiting).status_code == 200
+            return status
+
+    assert asyncio.run(scenario()) == 202
