@@ -134,10 +134,15 @@ def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_na
 
 
 def skill_folders(kb: Path) -> list[Path]:
-    """First-level folders of ``kb`` that hold a ``SKILL.md``."""
+    """First-level folders of ``kb`` that hold a ``SKILL.md``; a symlinked folder is never one (the scan does not
+    follow it either, and export or sync must not hand out what it points to)."""
     if not kb.is_dir():
         return []
-    return sorted(p for p in kb.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / SKILL_FILE).is_file())
+    return sorted(
+        p
+        for p in kb.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and (p / SKILL_FILE).is_file()
+    )
 
 
 def is_skill_library(kb: Path) -> bool:
@@ -220,14 +225,17 @@ def package_files(folder: Path) -> list[tuple[str, Path]]:
 
     Index files and hidden files are kindex's own or the author's scratch; symbolic links are never followed.
     """
+    if folder.is_symlink():
+        return []
     out = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if path.is_symlink() or not path.is_file() or path.name == INDEX_FILE:
-            continue
-        if not any(part.startswith(".") for part in rel.parts):
-            out.append((rel.as_posix(), path))
-    return out
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if name.startswith(".") or name == INDEX_FILE or path.is_symlink() or not path.is_file():
+                continue
+            out.append((path.relative_to(folder).as_posix(), path))
+    return sorted(out)
 
 
 # -- search -------------------------------------------------------------------------------------------------------
@@ -510,7 +518,7 @@ def _reindex_skill(root: Path, name: str, opts: generate.Options) -> generate.Ru
 def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[str] | None = None) -> bytes:
     """The skill ``name`` as a ZIP (``name/…``, index files and hidden files left out); written to ``out`` if given."""
     folder = Path(kb).resolve() / name
-    if not NAME.fullmatch(name) or not (folder / SKILL_FILE).is_file():
+    if not NAME.fullmatch(name) or folder.is_symlink() or not (folder / SKILL_FILE).is_file():
         raise SkillError(f"no skill named {name!r} in {kb}")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -364,3 +364,16 @@ def test_a_broken_zip_is_a_clear_error_and_changes_nothing(library: Path, kind: 
         skills.import_skill(library, _broken_zips()[kind])
     after = sorted(p.relative_to(library).as_posix() for p in library.rglob("*") if ".kindex" not in p.parts)
     assert after == before
+
+
+def test_a_symlinked_skill_folder_is_neither_exported_nor_synced(library: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside-skill"
+    write(outside / "SKILL.md", skill_md("outside-skill", "Secrets from elsewhere."))
+    write(outside / "secret.md", "# secret\n\ntop secret\n")
+    (library / "outside-skill").symlink_to(outside, target_is_directory=True)
+
+    with pytest.raises(skills.SkillError, match="no skill named 'outside-skill'"):
+        skills.export_skill(library, "outside-skill")
+    result = skills.sync_skills(library, tmp_path / "workspace")
+    assert not (tmp_path / "workspace" / "outside-skill").exists()
+    assert "outside-skill" not in result.synced and "pdf-tools" in result.synced
