@@ -365,7 +365,7 @@ class _Runner:
         self.report.usage.merge(answer.usage)
         self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:
-            self.cache.put(key, answer.obj)
+            self.cache.put(key, answer.obj, label)
         return answer
 
     # -- root -------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Reading and writing index files and kindex's own state under ``<kb>/.kindex/``.
 
-Index files are always replaced atomically (SPEC §3): a reader sees the old file or the new one. The document
-cache is an append-only JSON-lines log, so every answer received is on disk the moment it arrives and a killed run
-loses nothing it paid for; a torn last line is ignored on reading.
+Index files are always replaced atomically (SPEC §3): a reader sees the old file or the new one. The answer
+cache is an SQLite database in WAL mode: every answer received is committed the moment it arrives, so a killed
+run loses nothing it paid for, and no crash can tear a record.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sqlite3
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
@@ -21,7 +22,7 @@ from kindex.errors import KBNotFoundError, StorageError
 from kindex.model import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
-CACHE_FILE = "cache.jsonl"
+CACHE_FILE = "answers.sqlite"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -105,61 +106,84 @@ def write_index(path: Path, index: Index) -> bool:
 
 
 class Cache:
-    """Model answers already paid for, keyed by what determines them (content, model, prompt, settings)."""
+    """Model answers already paid for, keyed by what determines them (content, model, prompt, settings).
+
+    An SQLite database in WAL mode under ``.kindex/``: each answer is committed the moment it arrives, so a killed
+    run loses nothing it paid for, and a crash mid-write cannot tear a record (an append-only log could, and then
+    lost the next answer too). Answers are labelled by document: a new answer for a document replaces its older
+    ones, so ``doc`` and ``sub`` steps do not grow the cache without bound.
+    """
 
     def __init__(self, kb: Path) -> None:
         self.path = kb / STATE_DIR / CACHE_FILE
         self._entries: dict[str, dict[str, Any]] = {}
-        self._lines = 0
-        self._fh: BinaryIO | None = None
-        self._load()
+        self._db: sqlite3.Connection | None = None
+        if self.path.is_file():
+            self._read()
 
-    def _load(self) -> None:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return
-        for line in data.splitlines():
-            self._lines += 1
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a line torn by a killed run
-            if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("value"), dict):
-                self._entries[rec["key"]] = rec["value"]
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self._entries.get(key)
-
-    def put(self, key: str, value: Mapping[str, Any]) -> None:
-        """Record an answer and append it to disk at once, so a crash right after loses nothing."""
-        self._entries[key] = dict(value)
-        if self._fh is None:
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
             try:
                 # Only .kindex itself: creating its parents would recreate a KB deleted during the run.
                 self.path.parent.mkdir(exist_ok=True)
-                self._fh = self.path.open("ab")
             except FileNotFoundError:
                 raise KBNotFoundError(
                     "the knowledge folder disappeared during the run: nothing more was written"
                 ) from None
-        # One write per record, flushed to the OS at once: a killed process loses at most the line it was writing.
-        self._fh.write(orjson.dumps({"key": key, "value": value}) + b"\n")
-        self._fh.flush()
-        self._lines += 1
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
+            self._db = db
+        return self._db
+
+    def _read(self) -> None:
+        try:
+            rows = self._connect().execute("SELECT key, value FROM answers").fetchall()
+        except sqlite3.DatabaseError:
+            # A damaged cache is only money already spent: start a new one rather than fail the run.
+            self.close()
+            with contextlib.suppress(OSError):
+                self.path.rename(self.path.with_suffix(".damaged"))
+            return
+        for key, value in rows:
+            try:
+                obj = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                self._entries[key] = obj
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, value: Mapping[str, Any], label: str = "") -> None:
+        """Record an answer and commit it at once; older answers with the same non-empty ``label`` are dropped."""
+        self._entries[key] = dict(value)
+        db = self._connect()
+        with db:  # one transaction: the new answer and the removal of the ones it supersedes
+            db.execute("BEGIN IMMEDIATE")
+            if label:
+                db.execute("DELETE FROM answers WHERE label = ? AND key != ?", (label, key))
+            db.execute(
+                "INSERT OR REPLACE INTO answers (key, label, value) VALUES (?, ?, ?)", (key, label, orjson.dumps(value))
+            )
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def compact(self, live: set[str]) -> None:
-        """Rewrite the log with only the ``live`` keys, dropping superseded and orphaned answers."""
-        self.close()
-        kept = {k: v for k, v in self._entries.items() if k in live}
-        if len(kept) == len(self._entries) and self._lines == len(kept):
+        """Keep only the ``live`` keys, dropping superseded and orphaned answers."""
+        dead = [k for k in self._entries if k not in live]
+        if not dead:
             return
-        body = b"".join(orjson.dumps({"key": k, "value": v}) + b"\n" for k, v in sorted(kept.items()))
-        atomic_write(self.path, body)
-        self._entries = kept
-        self._lines = len(kept)
+        db = self._connect()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in dead])
+        for k in dead:
+            del self._entries[k]
+        self.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -42,14 +43,8 @@ def cached_answers(kb: Path) -> int:
     path = kb / STATE_DIR / CACHE_FILE
     if not path.exists():
         return 0
-    count = 0
-    for line in path.read_bytes().splitlines():
-        try:
-            orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        count += 1
-    return count
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT count(*) FROM answers").fetchone()[0])
 
 
 def test_a_second_writer_fails_clearly_or_waits(sample_kb: Path, fake_llm: FakeLLM) -> None:

@@ -173,3 +173,17 @@ def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Pat
 
     assert len(report.failures) == 4 and len(fake_llm.requests) == 8
     assert (report.usage.calls, report.usage.retries) == (4, 4)
+
+
+def test_doc_steps_do_not_grow_the_answer_cache(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    import sqlite3
+
+    options = Options(llm=llm_settings(fake_llm))
+    kindex.reindex(sample_kb, options)
+    doc = sample_kb / "billing" / "退款政策.md"
+    for i in range(3):  # three edits, three answers for the same document
+        doc.write_text(doc.read_text(encoding="utf-8") + f"\n第 {i} 次补充。\n", encoding="utf-8")
+        kindex.doc(sample_kb, "billing", "退款政策.md", options)
+    with sqlite3.connect(sample_kb / ".kindex" / "answers.sqlite") as db:
+        rows = db.execute("SELECT count(*), count(DISTINCT label) FROM answers").fetchone()
+    assert rows[0] == rows[1] == 19  # one per theme document (18) and the root: superseded answers are gone

@@ -68,14 +68,23 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(
     assert os.listdir(tmp_path) == ["index.json"]
 
 
-def test_cache_survives_a_torn_last_line(tmp_path: Path) -> None:
+def test_the_cache_commits_each_answer_replaces_superseded_ones_and_survives_damage(tmp_path: Path) -> None:
     cache = Cache(tmp_path)
-    cache.put("k1", {"title": "a"})
-    cache.put("k2", {"title": "b"})
-    with cache.path.open("ab") as fh:
-        fh.write(b'{"key": "k3", "value": {"tit')  # a run killed mid-write
+    cache.put("k1", {"title": "a"}, "doc.md")
+    cache.put("k2", {"title": "b"}, "other.md")
+    cache.put("k3", {"title": "a2"}, "doc.md")  # a new answer for doc.md supersedes k1
 
-    again = Cache(tmp_path)
-    assert again.get("k1") == {"title": "a"} and again.get("k2") == {"title": "b"} and again.get("k3") is None
-    again.compact({"k2"})
-    assert Cache(tmp_path).get("k1") is None and Cache(tmp_path).get("k2") == {"title": "b"}
+    again = Cache(tmp_path)  # read while the first connection is still open: committed rows are there
+    assert again.get("k1") is None and again.get("k2") == {"title": "b"} and again.get("k3") == {"title": "a2"}
+    again.compact({"k3"})
+    assert Cache(tmp_path).get("k2") is None and Cache(tmp_path).get("k3") == {"title": "a2"}
+    cache.close()
+    again.close()
+
+    for extra in tmp_path.glob(".kindex/answers.sqlite-*"):  # its write-ahead log would still hold the pages
+        extra.unlink()
+    cache.path.write_bytes(b"not a database" * 100)  # damaged: set aside, a new cache starts
+    fresh = Cache(tmp_path)
+    assert fresh.get("k3") is None
+    fresh.put("k4", {"title": "c"})
+    assert Cache(tmp_path).get("k4") == {"title": "c"}
