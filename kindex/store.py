@@ -23,6 +23,7 @@ from kindex.model import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
 CACHE_FILE = "answers.sqlite"
+LEGACY_CACHE_FILE = "cache.jsonl"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -120,6 +121,25 @@ class Cache:
         self._db: sqlite3.Connection | None = None
         if self.path.is_file():
             self._read()
+        legacy = kb / STATE_DIR / LEGACY_CACHE_FILE
+        if legacy.is_file():
+            self._import_legacy(legacy)
+
+    def _import_legacy(self, legacy: Path) -> None:
+        """Answers from the JSON-lines log of earlier versions, moved in once: they were paid for."""
+        try:
+            lines = legacy.read_bytes().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line torn by a killed run
+            if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("value"), dict):
+                self.put(rec["key"], rec["value"])
+        with contextlib.suppress(OSError):
+            legacy.unlink()
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:

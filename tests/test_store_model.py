@@ -88,3 +88,11 @@ def test_the_cache_commits_each_answer_replaces_superseded_ones_and_survives_dam
     assert fresh.get("k3") is None
     fresh.put("k4", {"title": "c"})
     assert Cache(tmp_path).get("k4") == {"title": "c"}
+
+
+def test_answers_of_the_old_json_lines_cache_are_kept(tmp_path: Path) -> None:
+    legacy = tmp_path / ".kindex" / "cache.jsonl"
+    legacy.parent.mkdir()
+    legacy.write_bytes(b'{"key": "k1", "value": {"title": "a"}}\n{"key": "k2", "val')  # a torn last line
+    assert Cache(tmp_path).get("k1") == {"title": "a"} and not legacy.exists()
+    assert Cache(tmp_path).get("k1") == {"title": "a"}
