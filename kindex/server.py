@@ -744,19 +744,57 @@ def _install_handlers(app: FastAPI) -> None:
     async def access(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
-        access_log.info(
-            orjson.dumps(
-                {
-                    "ts": round(time.time(), 3),
-                    "method": request.method,
-                    "path": request.url.path,
-                    "status": response.status_code,
-                    "ms": round((time.perf_counter() - started) * 1000, 2),
-                    "client": request.client.host if request.client else None,
-                }
-            ).decode()
-        )
+        client = request.client.host if request.client else None
+        _log_access(request.method, request.url.path, response.status_code, started, client)
         return response
+
+
+def _log_access(method: str, path: str, status: int, started: float, client: str | None) -> None:
+    access_log.info(
+        orjson.dumps(
+            {
+                "ts": round(time.time(), 3),
+                "method": method,
+                "path": path,
+                "status": status,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+                "client": client,
+            }
+        ).decode()
+    )
+
+
+class JsonLines(logging.Formatter):
+    """Every log record as one JSON object per line (uvicorn's own lines included), so the log stays parseable."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.name == access_log.name:
+            return message  # already a JSON object
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": message,
+        }
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return orjson.dumps(out).decode()
+
+
+LOG_CONFIG: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": JsonLines}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+    "root": {"handlers": ["stderr"], "level": "INFO"},
+    "loggers": {
+        "uvicorn": {"handlers": [], "level": "INFO", "propagate": True},
+        "uvicorn.error": {"handlers": [], "level": "INFO", "propagate": True},
+        "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": True},
+    },
+}
+"""Logging for ``kindex serve``: JSON lines on stderr for kindex and uvicorn alike."""
 
 
 Scope = MutableMapping[str, Any]
@@ -785,9 +823,12 @@ class BodyLimit:
             await _error_response(error)(scope, receive, send)
             return
         limit = MAX_UPLOAD_BYTES if str(scope.get("path", "")).endswith("/skills/import") else self.limit
+        started = time.perf_counter()
+        client = (scope.get("client") or (None,))[0]
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _error_response(_too_large(limit))(scope, receive, send)
+            _log_access(scope.get("method", ""), str(scope.get("path", "")), 413, started, client)
             return
         messages: list[Message] = []
         size = 0
@@ -797,6 +838,7 @@ class BodyLimit:
             size += len(message.get("body", b""))
             if size > limit:
                 await _error_response(_too_large(limit))(scope, receive, send)
+                _log_access(scope.get("method", ""), str(scope.get("path", "")), 413, started, client)
                 return
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break

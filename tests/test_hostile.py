@@ -368,3 +368,29 @@ def test_http_errors_name_kb_relative_paths_and_routes_not_commands(sample_kb: P
     message = r.json()["error"]["message"]
     assert r.status_code == 409 and str(sample_kb.parent) not in message
     assert f"POST /v1/agents/{sample_kb.name}/knowledge/reindex" in message and "kindex reindex" not in message
+
+
+def test_a_413_gets_an_access_log_line_and_every_log_line_is_json(
+    sample_kb: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+    import logging
+
+    import httpx
+
+    from kindex.server import MAX_BODY_BYTES, JsonLines, create_app
+
+    app = create_app(sample_kb.parent, llm=kindex.LLMSettings())
+
+    async def post() -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            url = f"/v1/agents/{sample_kb.name}/knowledge/context"
+            return (await client.post(url, content=b"x" * (MAX_BODY_BYTES + 1))).status_code
+
+    with caplog.at_level(logging.INFO, logger="kindex.access"):
+        assert asyncio.run(post()) == 413
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "kindex.access"]
+    assert [line["status"] for line in lines] == [413]
+
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process [%d]", (7,), None)
+    assert orjson.loads(JsonLines().format(record))["message"] == "Started server process [7]"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sys
 
 import click
 
@@ -30,7 +29,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
     """
     import ipaddress
-    import logging
+    import logging.config
     import os
 
     token = os.environ.get("KINDEX_API_TOKEN") or None
@@ -43,17 +42,24 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     try:
         import uvicorn
 
-        from kindex.server import create_app
+        from kindex.server import LOG_CONFIG, create_app
     except ImportError as exc:
         raise KindexError(
             f"the HTTP service needs its extra ({exc.name} is missing): pip install 'kindex[server]'"
         ) from None
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.config.dictConfig(LOG_CONFIG)
     app = create_app(kb_root, token=token, llm=LLMSettings.from_env(), concurrency=concurrency)
     auth = "bearer token required" if token else "no token: loopback only"
-    click.echo(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs", err=True)
+    logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs")
     _check_port(host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=30)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_config=LOG_CONFIG,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
 
 
 def _check_port(host: str, port: int) -> None:
