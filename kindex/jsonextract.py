@@ -66,13 +66,20 @@ def extract_object(text: str) -> dict[str, Any]:
 
 
 def _object_spans(text: str) -> list[tuple[int, int]]:
-    """Every ``{`` outside JSON strings with the index of its closing ``}`` (-1 if it never closes), by start.
+    """Every ``{`` outside JSON strings with the index of its closing ``}`` (-1 if it never closes), by start."""
+    return _scan(text)[0]
+
+
+def _scan(text: str) -> tuple[list[tuple[int, int]], list[int]]:
+    """Object spans (see :func:`_object_spans`) and the commas directly inside the first object.
 
     One pass with a stack: linear in the answer, whatever its shape (a per-brace scan was quadratic on "{" * n).
     Quotes count as strings only inside an object, so prose before the object cannot hide it.
     """
     spans: list[tuple[int, int]] = []
+    commas: list[int] = []
     stack: list[int] = []
+    depth = 0  # of objects and arrays, inside the first object
     in_string = escaped = False
     for i, ch in enumerate(text):
         if in_string:
@@ -87,10 +94,19 @@ def _object_spans(text: str) -> list[tuple[int, int]]:
         elif ch == "{":
             stack.append(len(spans))
             spans.append((i, -1))
+            depth += 1 if spans[0][1] < 0 else 0
         elif ch == "}" and stack:
             at = stack.pop()
             spans[at] = (spans[at][0], i)
-    return spans
+            depth -= 1 if depth else 0
+        elif spans and spans[0][1] < 0:
+            if ch == "[":
+                depth += 1
+            elif ch == "]":
+                depth -= 1
+            elif ch == "," and depth == 1:
+                commas.append(i)
+    return spans, commas
 
 
 def salvage_truncated(text: str) -> dict[str, Any] | None:
@@ -101,35 +117,11 @@ def salvage_truncated(text: str) -> dict[str, Any] | None:
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
-    start = text.find("{")
-    if start < 0:
-        return None
-    depth = 0
-    in_string = escaped = False
-    last_member_end = -1
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return None  # the object is closed: not a truncation
-        elif ch == "," and depth == 1:
-            last_member_end = i
-    if last_member_end < 0:
+    spans, commas = _scan(text)
+    if not spans or spans[0][1] >= 0 or not commas:  # no object, a closed one, or not one complete member
         return None
     try:
-        obj = orjson.loads(text[start:last_member_end] + "}")
+        obj = orjson.loads(text[spans[0][0] : commas[-1]] + "}")
     except orjson.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) and obj else None
