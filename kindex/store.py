@@ -32,6 +32,10 @@ def atomic_write(path: Path, data: bytes) -> None:
     The file keeps the mode it had; a new one gets the mode the umask allows (the kernel applies it to 0o666), so
     a chat backend running as another user can read what kindex writes, as it could read what was there before.
     """
+    if path.is_dir():
+        raise StorageError(
+            f"{path.name} in {path.parent.name or path.parent} is a folder, not a file: remove or rename it"
+        )
     try:
         _write_replace(path, data)
     except StorageError:
@@ -82,7 +86,7 @@ def read_index(path: Path) -> Index | None:
     """The index at ``path``, or ``None`` when there is none or it cannot be read as an index."""
     try:
         data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     try:
         index, _ = parse_index(data)

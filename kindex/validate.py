@@ -51,6 +51,9 @@ def _load(path: Any, label: str, problems: list[str]) -> dict[str, Any] | None:
     except FileNotFoundError:
         problems.append(f"{label}: missing (run `kindex reindex`)")
         return None
+    except OSError as exc:
+        problems.append(f"{label}: cannot be read ({exc.strerror or exc}): a folder or special file in its place?")
+        return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -394,3 +394,17 @@ def test_a_413_gets_an_access_log_line_and_every_log_line_is_json(
 
     record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process [%d]", (7,), None)
     assert orjson.loads(JsonLines().format(record))["message"] == "Started server process [7]"
+
+
+def test_a_folder_named_index_json_is_a_clear_error_everywhere(sample_kb: Path) -> None:
+    (sample_kb / "index.json").mkdir()
+    (sample_kb / "billing" / "index.json").mkdir()
+    runner = CliRunner()
+
+    result = runner.invoke(main, ["validate", str(sample_kb)])
+    assert result.exit_code == 1 and "index.json: cannot be read" in result.stdout
+    assert isinstance(result.exception, SystemExit)  # an exit, not a traceback
+
+    result = runner.invoke(main, ["reindex", str(sample_kb)])
+    assert result.exit_code == 1 and "is a folder, not a file: remove or rename it" in result.stderr
+    assert isinstance(result.exception, SystemExit)
