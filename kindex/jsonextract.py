@@ -117,11 +117,18 @@ def salvage_truncated(text: str) -> dict[str, Any] | None:
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
-    spans, commas = _scan(text)
-    if not spans or spans[0][1] >= 0 or not commas:  # no object, a closed one, or not one complete member
-        return None
-    try:
-        obj = orjson.loads(text[spans[0][0] : commas[-1]] + "}")
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) and obj else None
+    for _ in range(FRESH_SCANS):  # "Here is {doc}: {…cut off": skip a few closed braces of prose first
+        spans, commas = _scan(text)
+        if not spans:
+            return None
+        if spans[0][1] >= 0:
+            text = text[spans[0][1] + 1 :]
+            continue
+        if not commas:  # not one complete member
+            return None
+        try:
+            obj = orjson.loads(text[spans[0][0] : commas[-1]] + "}")
+        except orjson.JSONDecodeError:
+            return None
+        return obj if isinstance(obj, dict) and obj else None
+    return None
