@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kindex
 from kindex.analysis import analyze
-from kindex.retrieve import clear_cache
+from kindex.kb import clear_cache
 from kindex.searchindex import read_entries
 
 ZH_WORDS = (

@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import kindex  # noqa: E402
-from kindex import skills  # noqa: E402
 from kindex.llm import import_litellm  # noqa: E402
 
 TOPICS = (
@@ -94,11 +93,11 @@ def main() -> None:
             rows.append(f"| re-run, nothing changed | {again.usage.calls} model calls, {again.wall_seconds:.2f} s |")
 
             questions = [" ".join(rng.sample(TOPICS, 3)) for _ in range(200)]
-            skills.find_skills(lib, questions[0])
+            kindex.find_skills(lib, questions[0])
             times = []
             for q in questions:
                 t0 = time.perf_counter()
-                hits = skills.find_skills(lib, q, limit=10)
+                hits = kindex.find_skills(lib, q, limit=10)
                 times.append(time.perf_counter() - t0)
                 assert len({h.name for h in hits}) == len(hits)
             p99 = statistics.quantiles(times, n=100)[98]

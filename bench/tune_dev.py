@@ -56,7 +56,7 @@ def main() -> None:
         off.extend((kb, m) for m in offtopic["messages"] + offtopic["near_domain"][name])
 
     def ranking_ndcg() -> float:
-        retrieve.clear_cache()
+        kindex.kb.clear_cache()
         got = [per_query([i.path for i in kindex.search(kb, q, min_relevance=0.0)], t) for kb, q, t in on]
         return sum(g["ndcg@10"] for g in got) / len(got)
 
@@ -81,10 +81,10 @@ def main() -> None:
         print(f"  theme prior {prior}: {ranking_ndcg():.3f}")
     retrieve.THEME_PRIOR = base_prior
 
-    retrieve.clear_cache()
+    kindex.kb.clear_cache()
 
     def best_cover(kb: Path, message: str, body_cover: float) -> float:
-        loaded = retrieve._CACHE.get(kb.resolve())
+        loaded = kindex.KnowledgeBase(kb).retriever.loaded()
         scored = retrieve._score(loaded, retrieve._query_terms(message, loaded))
         cand = (scored.scores > 0) & ~loaded.conditional
         return float(scored.cover(body_cover)[cand].max()) if cand.any() else 0.0

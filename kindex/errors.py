@@ -1,16 +1,55 @@
 """The one error tree of kindex.
 
-Every failure the core reports is a :class:`KindexError` with a stable ``code`` (used by the CLI for its exit
-status and by the HTTP service for its JSON errors) and a message that says what was wrong and what to do.
+Every failure kindex reports is a :class:`KindexError`. Each class carries its stable ``code`` (the ``code`` of the
+HTTP service's JSON errors and of ``--json`` output), the CLI's ``exit_code`` and the service's ``http_status``; the
+CLI and the server map errors from these attributes alone. The message says what was wrong and what to do.
+
+::
+
+    KindexError                          kindex_error        exit 1  HTTP 500
+    ├── UsageError                       invalid_request     exit 2  HTTP 422
+    ├── NotFoundError                    not_found                   HTTP 404
+    │   ├── KBNotFoundError              kb_not_found
+    │   ├── NotAThemeError               not_a_theme
+    │   ├── PathNotInThemeError          path_not_in_theme
+    │   └── TaskNotFoundError            task_not_found
+    ├── ConflictError                    conflict                    HTTP 409
+    │   ├── IndexMissingError            index_missing
+    │   ├── BusyError                    busy
+    │   ├── CancelledRun                 cancelled
+    │   └── InterruptedRun               interrupted         exit 130
+    ├── InvalidDataError                 invalid_data                HTTP 422
+    │   ├── InvalidFileError             invalid_file        (an index, search table or document that breaks a rule)
+    │   └── SkillError                   invalid_skill
+    ├── ModelError                       model_error                 HTTP 502
+    │   ├── ModelCallError               (one call failed after its retries)
+    │   ├── AnswerError                  (an answer holds no usable JSON object)
+    │   └── GenerationFailed             (no usable answer for one item after a repair request)
+    ├── StorageError (also OSError)      storage_error               HTTP 500
+    └── HttpError                        (raised by the HTTP service only)
+        ├── UnauthorizedError            unauthorized                HTTP 401
+        ├── ForbiddenError               forbidden                   HTTP 403
+        ├── RouteNotFoundError           not_found                   HTTP 404
+        ├── MethodNotAllowedError        method_not_allowed          HTTP 405
+        ├── PayloadTooLargeError         payload_too_large           HTTP 413
+        └── InternalError                internal_error              HTTP 500
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type-only: a report is a record of the layer above, and errors sit below every layer
+    from kindex.generators import Usage
+    from kindex.results import RunReport
+
 
 class KindexError(Exception):
-    """Base of every error kindex raises on purpose."""
+    """Base of every error kindex raises."""
 
     code = "kindex_error"
+    exit_code = 1
+    http_status = 500
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -18,33 +57,129 @@ class KindexError(Exception):
 
 
 class UsageError(KindexError):
-    """The caller asked for something that cannot be meant (bad option value, bad argument)."""
+    """The caller asked for something that cannot be meant (bad option value, bad argument, bad request body)."""
 
     code = "invalid_request"
+    exit_code = 2
+    http_status = 422
 
 
-class KBNotFoundError(KindexError):
+class NotFoundError(KindexError):
+    """Something named by the caller does not exist."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class KBNotFoundError(NotFoundError):
     """The knowledge folder does not exist or is not a folder."""
 
     code = "kb_not_found"
 
 
-class NotAThemeError(KindexError):
+class NotAThemeError(NotFoundError):
     """A step named a folder that is not a theme of the KB."""
 
     code = "not_a_theme"
 
 
-class PathNotInThemeError(KindexError):
+class PathNotInThemeError(NotFoundError):
     """A step named a document that the scan of the theme does not hold."""
 
     code = "path_not_in_theme"
 
 
-class IndexMissingError(KindexError):
+class TaskNotFoundError(NotFoundError):
+    """No task with that id (tasks are kept for a while, then forgotten)."""
+
+    code = "task_not_found"
+
+
+class ConflictError(KindexError):
+    """The KB's state does not allow the request now."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class IndexMissingError(ConflictError):
     """The KB has no index yet (or an unreadable one) where one is needed."""
 
     code = "index_missing"
+
+
+class BusyError(ConflictError):
+    """Another writer holds the KB's lock; ``task_id`` names it when it is a task of this service."""
+
+    code = "busy"
+
+    def __init__(self, message: str, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class CancelledRun(ConflictError):
+    """A run was cancelled (HTTP ``DELETE /v1/tasks/{id}``, server shutdown); nothing was written after the cancel."""
+
+    code = "cancelled"
+
+
+class InterruptedRun(ConflictError):
+    """The user stopped a run (Ctrl-C). Answers received so far are cached; ``report`` says how far it got."""
+
+    code = "interrupted"
+    exit_code = 130
+
+    def __init__(self, message: str, report: RunReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class InvalidDataError(KindexError):
+    """Data kindex was given or found breaks a rule of its format."""
+
+    code = "invalid_data"
+    http_status = 422
+
+
+class InvalidFileError(InvalidDataError):
+    """A file kindex reads (an index, a search table, a document) is not what its format says."""
+
+    code = "invalid_file"
+
+
+class SkillError(InvalidDataError):
+    """A skill package or library breaks a rule (its message names the file and the rule)."""
+
+    code = "invalid_skill"
+
+
+class ModelError(KindexError):
+    """The model could not be used (bad configuration, authentication, unknown model) or gave nothing usable."""
+
+    code = "model_error"
+    http_status = 502
+
+
+class ModelCallError(ModelError):
+    """One model call failed after its retries; the run records it against one document and goes on."""
+
+    def __init__(self, message: str, retries: int = 0) -> None:
+        super().__init__(message)
+        self.retries = retries
+        """How many times the call was retried before it was given up: they count in the run's report."""
+
+
+class AnswerError(ModelError):
+    """A model answer that does not hold a usable JSON object."""
+
+
+class GenerationFailed(ModelError):
+    """No usable answer for one item, after retries and a repair request; carries what was spent trying."""
+
+    def __init__(self, message: str, usage: Usage) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class StorageError(KindexError, OSError):
@@ -56,46 +191,35 @@ class StorageError(KindexError, OSError):
     code = "storage_error"
 
 
-class BusyError(KindexError):
-    """Another writer holds the KB's lock."""
-
-    code = "busy"
+class HttpError(KindexError):
+    """Errors only the HTTP service raises (authentication, routing, body size)."""
 
 
-class ModelError(KindexError):
-    """The model could not be used at all (bad configuration, authentication, unknown model)."""
-
-    code = "model_error"
-
-
-class ModelCallError(KindexError):
-    """One model call failed after its retries; the run records it against one document and goes on."""
-
-    code = "model_error"
-
-    def __init__(self, message: str, retries: int = 0) -> None:
-        super().__init__(message)
-        self.retries = retries
-        """How many times the call was retried before it was given up: they count in the run's report."""
+class UnauthorizedError(HttpError):
+    code = "unauthorized"
+    http_status = 401
 
 
-class AnswerError(KindexError):
-    """A model answer that does not hold a usable JSON object."""
-
-    code = "model_error"
-
-
-class InterruptedRun(KindexError):
-    """The user stopped a run (Ctrl-C). Answers received so far are cached; ``report`` says how far it got."""
-
-    code = "interrupted"
-
-    def __init__(self, message: str, report: object) -> None:
-        super().__init__(message)
-        self.report = report
+class ForbiddenError(HttpError):
+    code = "forbidden"
+    http_status = 403
 
 
-class CancelledRun(KindexError):
-    """A run was cancelled (HTTP ``DELETE /v1/tasks/{id}``, server shutdown); nothing was written after the cancel."""
+class RouteNotFoundError(HttpError):
+    code = "not_found"
+    http_status = 404
 
-    code = "cancelled"
+
+class MethodNotAllowedError(HttpError):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class PayloadTooLargeError(HttpError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class InternalError(HttpError):
+    code = "internal_error"
+    http_status = 500

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kindex.model import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
+from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc, headings_of
 
 SUMMARY_TARGET = 160

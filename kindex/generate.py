@@ -12,15 +12,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kindex import extractive, searchindex
-from kindex.errors import AnswerError, CancelledRun, InterruptedRun, KBNotFoundError, UsageError
+from kindex import extractive, searchindex, skillmodel
+from kindex.errors import AnswerError, CancelledRun, GenerationFailed, InterruptedRun, KBNotFoundError, UsageError
 from kindex.generators import (
     Answer,
-    GenerationFailed,
     Generator,
     Usage,
     doc_messages,
@@ -29,9 +29,10 @@ from kindex.generators import (
 )
 from kindex.llm import LLMClient, LLMSettings
 from kindex.lock import write_lock
-from kindex.model import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
-from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, Skipped, scan
+from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
 from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
@@ -55,86 +56,41 @@ class Progress:
 ProgressCallback = Callable[[Progress], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
-    path: str
-    reason: str
-
-
 @dataclass
-class RunReport:
-    """What a step did: progress, calls, cache hits, failures, tokens, cost and files written."""
+class _Tally:
+    """A step's report while it runs (the runner adds to it); :meth:`report` freezes it."""
 
     step: str
     generator: str
     offline: bool
-    total: int
+    total: int = 0
     completed: int = 0
     cache_hits: int = 0
     usage: Usage = field(default_factory=Usage)
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
-    wall_seconds: float = 0.0
     skipped: list[Skipped] = field(default_factory=list)
-    """Files the scan did not take, and why (not Markdown by name, not UTF-8, too large, outside the KB…)."""
 
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "generator": self.generator,
-            "offline": self.offline,
-            "progress": {"completed": self.completed, "total": self.total},
-            "calls": self.usage.calls,
-            "cache_hits": self.cache_hits,
-            "retries": self.usage.retries,
-            "prompt_tokens": self.usage.prompt_tokens,
-            "completion_tokens": self.usage.completion_tokens,
-            "cost": self.usage.cost,
-            "failures": [{"path": f.path, "reason": f.reason} for f in self.failures],
-            "notes": self.notes,
-            "written": self.written,
-            "skipped": [x.to_dict() for x in self.skipped],
-            "wall_seconds": round(self.wall_seconds, 3),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Preview:
-    """The scan of a KB as the generation steps will see it, with the size of a full run (no model call)."""
-
-    scan: Scan
-    llm_configured: bool
-    model: str | None
-    estimated_prompt_tokens: int
-    estimated_completion_tokens: int
-
-    @property
-    def steps_total(self) -> int:
-        return 1 + sum(len(d) for d in self.scan.themes.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        s = self.scan
-        return {
-            "kb": str(s.kb),
-            "steps_total": self.steps_total,
-            "top_dirs": list(s.themes),
-            "top_dir_docs": {name: [d.path_in_theme for d in docs] for name, docs in s.themes.items()},
-            "root_docs": [d.rel for d in s.root_docs],
-            "llm_configured": self.llm_configured,
-            "model": self.model,
-            "skipped": [x.to_dict() for x in s.skipped],
-            "warnings": [x.to_dict() for x in s.warnings],
-            "estimated_tokens": {
-                "prompt": self.estimated_prompt_tokens,
-                "completion": self.estimated_completion_tokens,
-                "calls": self.steps_total,
-            },
-        }
+    def report(self, wall_seconds: float) -> RunReport:
+        u = self.usage
+        return RunReport(
+            step=self.step,
+            generator=self.generator,
+            offline=self.offline,
+            progress=StepProgress(completed=self.completed, total=self.total),
+            calls=u.calls,
+            cache_hits=self.cache_hits,
+            retries=u.retries,
+            prompt_tokens=u.prompt_tokens,
+            completion_tokens=u.completion_tokens,
+            cost=u.cost,
+            failures=tuple(self.failures),
+            notes=tuple(self.notes),
+            written=tuple(self.written),
+            skipped=tuple(self.skipped),
+            wall_seconds=wall_seconds,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +124,19 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
     prompt += _tokens_of(root_messages(s))
     completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs))
     completion += ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs))
-    return Preview(s, opts.llm.configured or opts.client is not None, opts.llm.model, prompt, completion)
+    steps = 1 + sum(len(d) for d in s.themes.values())
+    return Preview(
+        kb=str(s.kb),
+        steps_total=steps,
+        top_dirs=tuple(s.themes),
+        top_dir_docs={name: tuple(d.path_in_theme for d in docs) for name, docs in s.themes.items()},
+        root_docs=tuple(d.rel for d in s.root_docs),
+        llm_configured=opts.llm.configured or opts.client is not None,
+        model=opts.llm.model,
+        skipped=s.skipped,
+        warnings=s.warnings,
+        estimated_tokens=TokenEstimate(prompt=prompt, completion=completion, calls=steps),
+    )
 
 
 def _tokens_of(messages: Any) -> int:
@@ -222,19 +190,30 @@ def _run(
         runner = _Runner(s, generator, opts, step)
         runner.report.skipped = list(s.skipped)
         try:
-            asyncio.run(runner.run(body))
+            _run_to_end(lambda: runner.run(body))
         except KeyboardInterrupt:
-            runner.report.wall_seconds = time.monotonic() - started
-            done = runner.report
+            done = runner.report.report(time.monotonic() - started)
             raise InterruptedRun(
-                f"interrupted after {done.completed} of {done.total} steps; the {done.usage.calls} answers received "
+                f"interrupted after {done.completed} of {done.total} steps; the {done.calls} answers received "
                 "are cached and every index file is intact: run the same command again to finish",
                 done,
             ) from None
         finally:
             runner.cache.close()
-    runner.report.wall_seconds = time.monotonic() - started
-    return runner.report
+    return runner.report.report(time.monotonic() - started)
+
+
+def _run_to_end(coroutine: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a step's coroutine to its end from synchronous code, also when this thread already runs an event loop
+    (a notebook, an async chat backend calling the sync API): then on a thread of its own, which this one waits for.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coroutine())
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kindex-run") as pool:
+        pool.submit(asyncio.run, coroutine()).result()
 
 
 def remove_stale_temporaries(s: Scan) -> None:
@@ -244,29 +223,6 @@ def remove_stale_temporaries(s: Scan) -> None:
             tmp.unlink(missing_ok=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What a run would do: which items need a model call, and what that should cost."""
-
-    generator: str
-    calls: tuple[str, ...]
-    cached: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "generator": self.generator,
-            "calls": len(self.calls),
-            "items": list(self.calls),
-            "cached": self.cached,
-            "estimated_prompt_tokens": self.prompt_tokens,
-            "estimated_completion_tokens": self.completion_tokens,
-            "estimated_cost": self.cost,
-        }
-
-
 def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
     """What ``reindex`` would send to the model (cache and ``force`` considered), without sending anything."""
     opts = options or Options()
@@ -274,7 +230,7 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
     generator = make_generator(opts.llm, opts.client)
     if generator.offline:
-        return Plan(generator.name, (), 0, 0, 0, None)
+        return _plan(generator.name, [], 0, 0, 0, None)
     cache = Cache(s.kb)
     calls: list[str] = []
     prompt = completion = cached = 0
@@ -294,7 +250,19 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
         calls.append(label)
         prompt += _tokens_of(messages)
         completion += answer_tokens
-    return Plan(generator.name, tuple(calls), cached, prompt, completion, _price(opts.llm, prompt, completion))
+    return _plan(generator.name, calls, cached, prompt, completion, _price(opts.llm, prompt, completion))
+
+
+def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion: int, cost: float | None) -> Plan:
+    return Plan(
+        generator=generator,
+        calls=len(calls),
+        items=tuple(calls),
+        cached=cached,
+        estimated_prompt_tokens=prompt,
+        estimated_completion_tokens=completion,
+        estimated_cost=cost,
+    )
 
 
 def _price(llm: LLMSettings, prompt: int, completion: int) -> float | None:
@@ -317,7 +285,7 @@ class _Runner:
         self.opts = opts
         self.cache = Cache(s.kb)
         self.live_keys: set[str] = set()
-        self.report = RunReport(step=step, generator=generator.name, offline=generator.offline, total=0)
+        self.report = _Tally(step=step, generator=generator.name, offline=generator.offline)
         self._sem: asyncio.Semaphore | None = None
 
     @property
@@ -360,7 +328,7 @@ class _Runner:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
                 self.report.usage.merge(exc.usage)
-                self.report.failures.append(Failure(label, exc.message))
+                self.report.failures.append(Failure(path=label, reason=exc.message))
                 return None
         self.report.usage.merge(answer.usage)
         self._check_cancel()  # a late answer after a cancel is not used
@@ -375,9 +343,9 @@ class _Runner:
         if counted:
             self.report.total = 1
         previous = read_index(root_index_path(s.kb)) or Index()
-        from kindex import skills  # a skill library's themes are its skills' own frontmatter
-
-        authored = {sk.folder: sk.theme_item() for sk in skills.load_skills(s.kb)[0].values() if sk.folder in s.themes}
+        authored = {
+            sk.folder: sk.theme_item() for sk in skillmodel.load_skills(s.kb)[0].values() if sk.folder in s.themes
+        }
         theme_defaults: dict[str, ThemeItem] = {}
         for name, docs in s.themes.items():
             old = next((t for t in previous.themes if t.dir == name), None)
@@ -411,7 +379,7 @@ class _Runner:
             try:
                 item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths, d.excerpt)
             except AnswerError as exc:  # a cached answer that no longer validates: treat as a failure
-                self.report.failures.append(Failure(d.rel, f"stored answer unusable: {exc}"))
+                self.report.failures.append(Failure(path=d.rel, reason=f"stored answer unusable: {exc}"))
         if item is None:
             item = self._fallback_doc(d, previous)
         self._tick("doc", d.rel)

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import orjson
 
 from kindex import extractive, templating
-from kindex.errors import AnswerError, KindexError, ModelCallError
+from kindex.errors import AnswerError, GenerationFailed, ModelCallError
 from kindex.jsonextract import extract_object, salvage_truncated
 from kindex.llm import Completion, LLMClient, LLMSettings, Message
-from kindex.model import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
+from kindex.records import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
 from kindex.sanitize import doc_entry, require_root_lists
 from kindex.scan import Scan, ScannedDoc
 
@@ -92,16 +92,6 @@ class Answer:
 
     obj: dict[str, Any]
     usage: Usage = field(default_factory=Usage)
-
-
-class GenerationFailed(KindexError):
-    """No usable answer for one item, after retries and a repair request; carries what was spent trying."""
-
-    code = "model_error"
-
-    def __init__(self, message: str, usage: Usage) -> None:
-        super().__init__(message)
-        self.usage = usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """BuildContext (SPEC §6): pick the documents a chat message is about and hand over their original text.
 
-The search index (:mod:`kindex.searchindex`) is loaded once per process and kept until an index file or the saved
-tables change on disk (one ``stat`` per index file per call), so a chat backend pays for loading only after a
-reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
+A :class:`Retriever` loads one KB's search index (:mod:`kindex.searchindex`) once and keeps it until an index file
+or the saved tables change on disk (one ``stat`` per index file per call), so a chat backend pays for loading only
+after a reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
 document covers enough of the question's informative weight (the rarity of its words), else the KB's overview is
 returned instead.
 """
@@ -14,23 +14,23 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import analyze, background_rate, has_han, normalize
+from kindex.analysis import analyze, background_rate, has_han
 from kindex.errors import KBNotFoundError, UsageError
+from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
-from kindex.markdown import Line
-from kindex.markdown import lines as markdown_lines
-from kindex.model import INDEX_FILE, DocItem
+from kindex.records import INDEX_FILE, DocItem, doc_item_from
+from kindex.results import Context, ContextItem
 from kindex.scan import document_text, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
-from kindex.tokenize import char_counts, estimate_tokens, tokens_of
+from kindex.tokenize import estimate_tokens
 
 DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
@@ -64,66 +64,7 @@ NAME_WEIGHT = 2.0
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
-_OMITTED_MARK = "\n\n[…]\n\n"
 _README_NAMES = ("readme.md", "index.md")
-
-
-@dataclass(frozen=True, slots=True)
-class ContextItem:
-    """One chosen document (or theme) and why it was chosen."""
-
-    path: str
-    level: str
-    score: float
-    title: str
-    abstract: str
-    reason: str
-    matched: tuple[str, ...] = ()
-    truncated: bool = False
-    tokens: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "level": self.level,
-            "score": round(self.score, 4),
-            "title": self.title,
-            "abstract": self.abstract,
-            "reason": self.reason,
-            "matched": list(self.matched),
-            "truncated": self.truncated,
-            "tokens": self.tokens,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    """What BuildContext hands the agent: the prompt text and the items it was assembled from."""
-
-    text: str
-    items: tuple[ContextItem, ...]
-    fallback: bool
-    reason: str
-    missing: tuple[str, ...] = ()
-    budget_tokens: int = DEFAULT_BUDGET_TOKENS
-    skills: tuple[dict[str, Any], ...] = ()
-    """In a skill library: each chosen skill with its dependency closure (skills, tools, MCP servers)."""
-
-    @property
-    def tokens(self) -> int:
-        return estimate_tokens(self.text)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "items": [i.to_dict() for i in self.items],
-            "fallback": self.fallback,
-            "reason": self.reason,
-            "missing": list(self.missing),
-            "tokens": self.tokens,
-            "budget_tokens": self.budget_tokens,
-            "skills": list(self.skills),
-        }
 
 
 # -- the loaded index ---------------------------------------------------------------------------------------------
@@ -211,30 +152,6 @@ def _load(kb: Path) -> _Loaded:
         theme_df=theme_df,
         skill_library=any((kb / t.dir / "SKILL.md").is_file() for t in index.themes),
     )
-
-
-class _IndexCache:
-    """Loaded indexes per KB, reloaded when an index file or the saved search tables changed on disk."""
-
-    def __init__(self) -> None:
-        self._loaded: dict[Path, _Loaded] = {}
-        self._lock = threading.Lock()
-
-    def get(self, kb: Path) -> _Loaded:
-        current = self._loaded.get(kb)
-        if current is not None and _stats(current.watched) == current.signature:
-            return current
-        with self._lock:
-            loaded = _load(kb)
-            self._loaded[kb] = loaded
-            return loaded
-
-    def clear(self) -> None:
-        with self._lock:
-            self._loaded.clear()
-
-
-_CACHE = _IndexCache()
 
 
 # -- scoring ------------------------------------------------------------------------------------------------------
@@ -438,7 +355,7 @@ def _matched(scored: _Scored, idx: int) -> tuple[str, ...]:
     return tuple(sorted(t.term for t in scored.per_term if t.holds(idx)))
 
 
-def _check_relevance(min_relevance: float) -> None:
+def check_relevance(min_relevance: float) -> None:
     if not 0.0 <= min_relevance <= 1.0:
         raise UsageError(f"min_relevance must be between 0 and 1, got {min_relevance}")
 
@@ -447,50 +364,139 @@ def _scope(message: str, paths: Sequence[str]) -> list[str]:
     return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + paths_in_text(_bounded(message))[:MAX_PATHS]
 
 
-def search(
-    kb: str | os.PathLike[str],
-    message: str,
-    *,
-    paths: Sequence[str] = (),
-    limit: int | None = 10,
-    themes: bool = False,
-    explain: bool = True,
-    min_relevance: float = DEFAULT_MIN_RELEVANCE,
-) -> list[ContextItem]:
-    """The ranked entries for ``message`` (best first, at most ``limit``; ``None``: all) without reading files.
+class Retriever:
+    """One KB's search tables, loaded on first use and reloaded when an index file or the saved tables change.
 
-    Documents only, unless ``themes``: then theme entries that match the question rank among them (``level``
-    says which). ``explain=False`` leaves ``matched`` empty, which is cheaper for long rankings. Empty when the
-    question is off topic (where :func:`build_context` would fall back): no document covers ``min_relevance`` of
-    its informative weight.
+    Thread-safe: a call stats the watched files (microseconds) and reloads under a lock when one changed. A
+    :class:`kindex.KnowledgeBase` owns one; it holds a single KB's tables, so a process bounds its memory by
+    bounding how many it keeps.
     """
-    _check_relevance(min_relevance)
-    if limit is not None and limit < 1:
-        raise UsageError(f"limit must be at least 1 (or None for all), got {limit}")
-    loaded = _CACHE.get(_kb_root(kb))
-    scored = _score(loaded, _query_terms(message, loaded))
-    hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
-    items = [
-        ContextItem(
-            h.path, h.level, h.score, h.item.title, h.item.summary, h.reason, _matched(scored, h.idx) if explain else ()
-        )
-        for h in hits
-    ]
-    if themes and loaded.index.themes:
-        t_scores, t_cover = _theme_scores(loaded, scored)
-        on_topic = any(h.reason == "matched" for h in hits)
-        for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
-            if on_topic or t_cover[i] >= min_relevance:
-                t = loaded.index.themes[i]
-                matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
-                items.append(
-                    ContextItem(t.dir, "theme", float(t_scores[i]), t.item.title, t.item.summary, "matched", matched)
-                )
-        items.sort(key=lambda it: (it.reason == "matched", -it.score, it.path))
-    return items if limit is None else items[:limit]
+
+    def __init__(self, kb: str | os.PathLike[str]) -> None:
+        self.root = kb_root(kb)
+        self._loaded: _Loaded | None = None
+        self._lock = threading.Lock()
+
+    def loaded(self) -> _Loaded:
+        """The current tables (reloaded first if the files on disk changed)."""
+        current = self._loaded
+        if current is not None and _stats(current.watched) == current.signature:
+            return current
+        with self._lock:
+            current = self._loaded
+            if current is None or _stats(current.watched) != current.signature:
+                current = self._loaded = _load(self.root)
+            return current
+
+    @property
+    def skill_library(self) -> bool:
+        return self.loaded().skill_library
+
+    def search(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        limit: int | None = 10,
+        themes: bool = False,
+        explain: bool = True,
+        min_relevance: float = DEFAULT_MIN_RELEVANCE,
+    ) -> list[ContextItem]:
+        """The ranked entries for ``message`` (best first, at most ``limit``; ``None``: all) without reading files.
+
+        Documents only, unless ``themes``: then theme entries that match the question rank among them (``level``
+        says which). ``explain=False`` leaves ``matched`` empty, which is cheaper for long rankings. Empty when the
+        question is off topic (where :meth:`context` would fall back): no document covers ``min_relevance`` of
+        its informative weight.
+        """
+        check_relevance(min_relevance)
+        if limit is not None and limit < 1:
+            raise UsageError(f"limit must be at least 1 (or None for all), got {limit}")
+        loaded = self.loaded()
+        scored = _score(loaded, _query_terms(message, loaded))
+        hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
+        items = [
+            ContextItem(
+                path=h.path,
+                level=h.level,
+                score=h.score,
+                title=h.item.title,
+                abstract=h.item.summary,
+                reason=h.reason,
+                matched=_matched(scored, h.idx) if explain else (),
+            )
+            for h in hits
+        ]
+        if themes and loaded.index.themes:
+            t_scores, t_cover = _theme_scores(loaded, scored)
+            on_topic = any(h.reason == "matched" for h in hits)
+            for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
+                if on_topic or t_cover[i] >= min_relevance:
+                    t = loaded.index.themes[i]
+                    matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
+                    items.append(
+                        ContextItem(
+                            path=t.dir,
+                            level="theme",
+                            score=float(t_scores[i]),
+                            title=t.item.title,
+                            abstract=t.item.summary,
+                            reason="matched",
+                            matched=matched,
+                        )
+                    )
+            items.sort(key=lambda it: (it.reason == "matched", -it.score, it.path))
+        return items if limit is None else items[:limit]
+
+    def context(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+        max_docs: int = DEFAULT_MAX_DOCS,
+        fallback_docs: Sequence[str] = DEFAULT_FALLBACK_DOCS,
+        min_relevance: float = DEFAULT_MIN_RELEVANCE,
+    ) -> Context:
+        """Choose the documents ``message`` is about and return their original text within ``budget_tokens``.
+
+        ``paths`` are attachment paths (the files the user is working on); paths written in the message count
+        too. Entries with ``paths`` globs enter only when one of those paths matches. When no document covers
+        ``min_relevance`` of the question's informative weight, the overview is returned instead and the result
+        says so: the first of ``fallback_docs`` that exist, else the KB's root ``README.md``/``index.md``, else an
+        overview written from the root index's entries. A document longer than the room left hands over its head
+        and the sections that match the question.
+        """
+        if budget_tokens < 50:
+            raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
+        if max_docs < 1:
+            raise UsageError(f"max_docs must be at least 1, got {max_docs}")
+        check_relevance(min_relevance)
+        if isinstance(fallback_docs, str):  # one name given bare, not as a list of characters
+            fallback_docs = (fallback_docs,)
+        root = self.root
+        loaded = self.loaded()
+        scored = _score(loaded, _query_terms(message, loaded))
+        hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
+        fallback = not any(h.reason == "matched" for h in hits)
+        reason = "matched the question"
+        if fallback:
+            reason = "no document matched the question: overview documents"
+            hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
+        ctx = _assemble(root, loaded, hits, max_docs, fallback, reason, budget_tokens, scored)
+        if not ctx.items and not fallback:  # every matching document vanished since the last reindex
+            reason = "the matching documents cannot be read (run `kindex reindex`): overview documents"
+            named = _fallback_hits(root, loaded, fallback_docs, [])
+            retry = _assemble(root, loaded, named, max_docs, True, reason, budget_tokens, scored)
+            ctx = retry.model_copy(update={"missing": ctx.missing + retry.missing})
+        if not ctx.items:  # nothing could be read, not even the overview documents: the root index speaks
+            retry = _assemble(root, loaded, [_overview_hit()], max_docs, True, ctx.reason, budget_tokens, scored)
+            ctx = retry.model_copy(update={"missing": ctx.missing})
+        return ctx
 
 
-def _kb_root(kb: str | os.PathLike[str]) -> Path:
+def kb_root(kb: str | os.PathLike[str]) -> Path:
+    """``kb`` resolved; :class:`KBNotFoundError` unless it is a folder."""
     root = Path(kb)
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
@@ -498,59 +504,14 @@ def _kb_root(kb: str | os.PathLike[str]) -> Path:
     return root.resolve()
 
 
-def build_context(
-    kb: str | os.PathLike[str],
-    message: str,
-    *,
-    paths: Sequence[str] = (),
-    budget_tokens: int = DEFAULT_BUDGET_TOKENS,
-    max_docs: int = DEFAULT_MAX_DOCS,
-    fallback_docs: Sequence[str] = DEFAULT_FALLBACK_DOCS,
-    min_relevance: float = DEFAULT_MIN_RELEVANCE,
-) -> Context:
-    """Choose the documents ``message`` is about and return their original text within ``budget_tokens``.
-
-    ``paths`` are attachment paths (the files the user is working on); paths written in the message count too.
-    Entries with ``paths`` globs enter only when one of those paths matches. When no document covers
-    ``min_relevance`` of the question's informative weight, the overview is returned instead and the result says
-    so: the first of ``fallback_docs`` that exist, else the KB's root ``README.md``/``index.md``, else an overview
-    written from the root index's entries. A document longer than the room left hands over its head and the
-    sections that match the question.
-    """
-    if budget_tokens < 50:
-        raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
-    if max_docs < 1:
-        raise UsageError(f"max_docs must be at least 1, got {max_docs}")
-    _check_relevance(min_relevance)
-    if isinstance(fallback_docs, str):  # one name given bare, not as a list of characters
-        fallback_docs = (fallback_docs,)
-    root = _kb_root(kb)
-    loaded = _CACHE.get(root)
-    scored = _score(loaded, _query_terms(message, loaded))
-    hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
-    fallback = not any(h.reason == "matched" for h in hits)
-    reason = "matched the question"
-    if fallback:
-        reason = "no document matched the question: overview documents"
-        hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
-    ctx = _assemble(root, loaded, hits, max_docs, fallback, reason, budget_tokens, scored)
-    if not ctx.items and not fallback:  # every matching document vanished since the last reindex
-        reason = "the matching documents cannot be read (run `kindex reindex`): overview documents"
-        retry = _assemble(
-            root, loaded, _fallback_hits(root, loaded, fallback_docs, []), max_docs, True, reason, budget_tokens, scored
-        )
-        ctx = replace(retry, missing=ctx.missing + retry.missing)
-    if not ctx.items:  # nothing could be read, not even the overview documents: the root index speaks
-        retry = _assemble(root, loaded, [_overview_hit()], max_docs, True, ctx.reason, budget_tokens, scored)
-        ctx = replace(retry, missing=ctx.missing)
-    if loaded.skill_library and ctx.items:
-        ctx = replace(ctx, skills=_skill_closures(root, ctx.items))
-    return ctx
-
-
 def _overview_hit() -> _Hit:
     return _Hit(
-        -1, INDEX_FILE, "overview", DocItem(INDEX_FILE, "Overview", "what this knowledge base holds"), 0.0, "fallback"
+        -1,
+        INDEX_FILE,
+        "overview",
+        DocItem(path=INDEX_FILE, title="Overview", summary="what this knowledge base holds"),
+        0.0,
+        "fallback",
     )
 
 
@@ -563,7 +524,7 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
         if name in seen or not servable(root, name):
             continue
         idx = loaded.by_path.get(name, -1)
-        item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
+        item = loaded.index.docs[idx].item if idx >= 0 else doc_item_from({}, name)
         out.append(_Hit(idx, name, "document", item, 0.0, "fallback"))
         seen.add(name)
     if out:
@@ -575,7 +536,7 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     for name in readme:
         if name not in seen and servable(root, name):
             idx = loaded.by_path.get(name, -1)
-            item = loaded.index.docs[idx].item if idx >= 0 else DocItem(name, Path(name).stem, "")
+            item = loaded.index.docs[idx].item if idx >= 0 else doc_item_from({}, name)
             return [_Hit(idx, name, "document", item, 0.0, "fallback")]
     return [_overview_hit()]
 
@@ -589,156 +550,6 @@ def _overview_text(loaded: _Loaded) -> str:
         if d.theme is None:
             lines.append(f"- {d.item.title or d.path} ({d.path}): {d.item.summary}".rstrip(": "))
     return "\n".join(lines)
-
-
-def _skill_closures(root: Path, items: Sequence[ContextItem]) -> tuple[dict[str, Any], ...]:
-    from kindex import skills  # only skill libraries need it
-
-    known, _ = skills.load_skills(root)
-    by_folder = {s.folder: s for s in known.values()}
-    out: list[dict[str, Any]] = []
-    for folder in dict.fromkeys(i.path.split("/", 1)[0] for i in items if "/" in i.path):
-        skill = by_folder.get(folder)
-        if skill is not None:
-            c = skills.closure(known, skill.name)
-            out.append(
-                {
-                    "name": skill.name,
-                    "skill_dependencies": list(c.skills),
-                    "tool_dependencies": list(c.tools),
-                    "mcp_dependencies": list(c.mcp),
-                }
-            )
-    return tuple(out)
-
-
-# -- assembling the text ------------------------------------------------------------------------------------------
-
-
-SECTION_SCAN_CHARS = 20_000
-"""Characters of each section looked at to tell whether it matches the question: bounded work per request."""
-
-
-def _costs(lines: Sequence[Line]) -> list[int]:
-    """Cumulative token estimates: ``cum[i]`` is exactly ``estimate_tokens`` of the first ``i`` lines."""
-    cum = [0]
-    cjk = other = 0
-    for line in lines:
-        c, o = char_counts(line.text)
-        cjk, other = cjk + c, other + o
-        cum.append(tokens_of(cjk, other))
-    return cum
-
-
-def _char_cut(line: str, budget: int) -> str:
-    """The longest start of one oversized line within ``budget`` tokens, ending at a sentence end if that keeps
-    most of it (a last resort: never inside a character)."""
-    part = line[: max(budget, 0) * 4]
-    while part and estimate_tokens(part) > budget:
-        part = part[: len(part) * 3 // 4]
-    end = max(part.rfind(mark) for mark in "。！？.!?;；")
-    return part[: end + 1] if end >= len(part) // 2 else part
-
-
-def _cut(text: str, budget: int) -> str | None:
-    """The longest start of ``text`` within ``budget`` tokens, cut where a reader expects it.
-
-    Before a paragraph or a heading when that keeps at least half of what fits; else at a line outside code
-    blocks; inside a code block larger than the room left, at a line, with the block closed by its own fence; and
-    into one oversized line (a 40,000-character paragraph) at a sentence end or a character. ``None`` when not
-    even a character fits.
-    """
-    if estimate_tokens(text) <= budget:
-        return text
-    lines = markdown_lines(text)
-    cum = _costs(lines)
-    k = 0  # the most lines that fit
-    while k < len(lines) and cum[k + 1] <= budget:
-        k += 1
-    # A cut before line i is inside a code block when one is open after line i - 1.
-    inside = [False] + [ln.open_after for ln in lines]
-    block = line = 0
-    for i in range(1, k + 1):
-        if not inside[i]:
-            line = i
-            starts_block = i == len(lines) or lines[i].heading is not None or lines[i - 1].blank
-            if starts_block:
-                block = i
-    choice = block if block and cum[block] * 2 >= cum[line] else line
-    closing = ""
-    if cum[choice] * 2 < cum[k] and inside[k]:  # a code block bigger than the room: cut in it, then close it
-        fence = lines[k - 1].fence or "```"
-        closing = "\n" + fence
-        choice = k
-        while choice and cum[choice] + estimate_tokens(closing) > budget:
-            choice -= 1
-    kept = text[: lines[choice].start].rstrip() if choice < len(lines) else text.rstrip()
-    room = budget - cum[choice] - estimate_tokens(closing) - 1
-    if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
-        kept = (kept + "\n" if kept else "") + _char_cut(lines[k].text, room)
-    return (kept + closing).strip("\n") or None
-
-
-def cut_to_budget(text: str, budget_tokens: int) -> str | None:
-    """The longest start of ``text`` that fits ``budget_tokens``, cut at a paragraph, heading or line boundary.
-
-    Never inside a character, never inside a fenced code block (one larger than the budget is closed after the
-    cut). ``None`` when nothing fits.
-    """
-    return _cut(text, budget_tokens)
-
-
-def _fit(text: str, budget: int, terms: Sequence[str]) -> str | None:
-    """``text`` within ``budget`` tokens: its head, then the sections that match the question best.
-
-    A long document is rarely about the question from its first line on: the matching sections are what the
-    agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
-    """
-    lines = markdown_lines(text)
-    starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
-    bounds = [0, *starts, len(lines)]
-    edges = [ln.start for ln in lines] + [len(text)]
-    sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
-    wanted = set(terms)
-    if len(sections) < 2 or not wanted:
-        return _cut(text, budget)
-    scores = []
-    for i, (s, e) in enumerate(sections[1:], start=1):
-        sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
-        hits = sum(1 for t in wanted if t in sample)
-        if hits:
-            scores.append((hits, i))
-    if not scores:
-        return _cut(text, budget)
-    scores.sort(key=lambda x: (-x[0], x[1]))
-    gap = estimate_tokens(_OMITTED_MARK)
-    head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
-    chosen: dict[int, str] = {0: head} if head else {}
-    left = budget - (estimate_tokens(head) if head else 0)
-    for _, i in scores:
-        s, e = sections[i]
-        piece = text[s:e].rstrip()
-        cost = estimate_tokens(piece) + gap
-        if cost <= left:
-            chosen[i] = piece
-            left -= cost
-        elif len(chosen) <= 1:  # the best section does not fit whole: hand over its start
-            part = _cut(piece, left - gap)
-            if part:
-                chosen[i] = part
-            break
-    out = ""
-    for i in sorted(chosen):
-        whole_before = i - 1 in chosen and chosen[i - 1] == text[sections[i - 1][0] : sections[i - 1][1]].rstrip()
-        if out:
-            out += "\n\n" if whole_before else _OMITTED_MARK
-        out += chosen[i]
-    return out or None
-
-
-def _one_line(value: str) -> str:
-    """A title or path as one line of the header: a newline in a file name must not forge prompt lines."""
-    return value.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _assemble(
@@ -762,14 +573,14 @@ def _assemble(
         if text is None:
             missing.append(hit.path)
             continue
-        header = f"## {_one_line(hit.item.title or hit.path)}\n(source: {_one_line(hit.path)})\n\n"
+        header = f"## {one_line(hit.item.title or hit.path)}\n(source: {one_line(hit.path)})\n\n"
         room = budget - used - estimate_tokens(header)
         if room <= 0:
             break
         truncated = estimate_tokens(text) > room
         if truncated:
-            mark = _TRUNCATION_MARK.format(path=_one_line(hit.path))
-            fitted = _fit(text, room - estimate_tokens(mark), scored.terms)
+            mark = _TRUNCATION_MARK.format(path=one_line(hit.path))
+            fitted = fit_to_budget(text, room - estimate_tokens(mark), scored.terms)
             if fitted is None:
                 break  # not even a line fits: the budget is spent
             text = fitted + mark
@@ -780,20 +591,22 @@ def _assemble(
         parts.append(chunk)
         items.append(
             ContextItem(
-                hit.path,
-                hit.level,
-                hit.score,
-                hit.item.title,
-                hit.item.summary,
-                hit.reason,
-                _matched(scored, hit.idx),
-                truncated,
-                estimate_tokens(chunk),
+                path=hit.path,
+                level=hit.level,
+                score=hit.score,
+                title=hit.item.title,
+                abstract=hit.item.summary,
+                reason=hit.reason,
+                matched=_matched(scored, hit.idx),
+                truncated=truncated,
+                tokens=estimate_tokens(chunk),
             )
         )
-    return Context("\n\n".join(parts), tuple(items), fallback, reason, tuple(missing), budget)
-
-
-def clear_cache() -> None:
-    """Forget every loaded index (the next call reloads from disk)."""
-    _CACHE.clear()
+    return Context(
+        text="\n\n".join(parts),
+        items=tuple(items),
+        fallback=fallback,
+        reason=reason,
+        missing=tuple(missing),
+        budget_tokens=budget,
+    )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from kindex.errors import AnswerError
-from kindex.model import DocItem, Index, ThemeItem, doc_item_from, theme_item_from
+from kindex.records import DocItem, Index, ThemeItem, doc_fields, theme_fields
 
 
 def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] = (), evidence: str = "") -> DocItem:
@@ -17,14 +16,12 @@ def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] =
     a glob the model proposes is kept only when the document's text (``evidence``) names the kind of file it
     targets, since an entry with globs disappears from every conversation without a matching file.
     """
-    item = doc_item_from(obj, path)
-    missing = [name for name in ("title", "summary") if not getattr(item, name)]
+    fields = doc_fields(obj, path)
+    missing = [name for name in ("title", "summary") if not fields[name]]
     if missing:
         raise AnswerError(f"the object has no usable {' or '.join(missing)} (non-empty strings are required)")
-    globs = author_paths or tuple(g for g in item.paths if supported_glob(g, evidence))
-    if globs != item.paths:
-        item = replace(item, paths=globs)
-    return item
+    fields["paths"] = author_paths or tuple(g for g in fields["paths"] if supported_glob(g, evidence))
+    return DocItem(**fields)
 
 
 def supported_glob(glob: str, evidence: str) -> bool:
@@ -62,7 +59,7 @@ def root_index(
         elif name in themes:
             notes.append(f"dropped themes[{i}]: second entry for dir {name!r}")
         else:
-            themes[name] = _fill_theme(theme_item_from(raw, name), theme_defaults[name])
+            themes[name] = _fill_theme(theme_fields(raw, name), theme_defaults[name])
     for name in sorted(set(theme_defaults) - set(themes)):
         notes.append(f"theme {name!r} was missing: default entry added")
         themes[name] = theme_defaults[name]
@@ -90,31 +87,30 @@ def _align_docs(raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: lis
         elif path in docs:
             notes.append(f"dropped documents[{i}]: second entry for {path!r}")
         else:
-            docs[path] = _fill_doc(doc_item_from(raw, path), defaults[path])
+            docs[path] = _fill_doc(doc_fields(raw, path), defaults[path])
     for path in sorted(set(defaults) - set(docs)):
         notes.append(f"document {path!r} was missing: extractive entry added")
         docs[path] = defaults[path]
     return tuple(docs.values())
 
 
-def _fill_theme(item: ThemeItem, default: ThemeItem) -> ThemeItem:
+def _fill_theme(item: dict[str, Any], default: ThemeItem) -> ThemeItem:
     return ThemeItem(
-        dir=item.dir,
-        title=item.title or default.title,
-        summary=item.summary or default.summary,
-        tags=item.tags or default.tags,
-        index_file=item.index_file,
+        dir=item["dir"],
+        title=item["title"] or default.title,
+        summary=item["summary"] or default.summary,
+        tags=item["tags"] or default.tags,
         paths=default.paths,  # a theme is navigation, never conditional on the model's say-so
     )
 
 
-def _fill_doc(item: DocItem, default: DocItem) -> DocItem:
+def _fill_doc(item: dict[str, Any], default: DocItem) -> DocItem:
     return DocItem(
-        path=item.path,
-        title=item.title or default.title,
-        summary=item.summary or default.summary,
-        tags=item.tags or default.tags,
-        questions=item.questions or default.questions,
+        path=item["path"],
+        title=item["title"] or default.title,
+        summary=item["summary"] or default.summary,
+        tags=item["tags"] or default.tags,
+        questions=item["questions"] or default.questions,
         # Root documents are overviews: only their author can make one conditional (frontmatter globs).
         paths=default.paths,
     )

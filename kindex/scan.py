@@ -15,7 +15,8 @@ import yaml
 
 from kindex.errors import KBNotFoundError, NotAThemeError, PathNotInThemeError
 from kindex.markdown import headings
-from kindex.model import clean_globs, clean_tags, clean_text
+from kindex.records import clean_globs, clean_tags, clean_text
+from kindex.results import Skipped
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
@@ -62,17 +63,6 @@ class ScannedDoc:
         if self.headings:
             return self.headings[0]
         return Path(self.rel).stem
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A file the scan did not take (or took with a warning), and why."""
-
-    path: str
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"path": self.path, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +133,9 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
             if name.startswith("."):
                 continue
             if not _utf8(name):
-                skipped.append(Skipped(_show(rel_dir + name), "folder name is not valid UTF-8"))
+                skipped.append(Skipped(path=_show(rel_dir + name), reason="folder name is not valid UTF-8"))
             elif (here / name).is_symlink():
-                skipped.append(Skipped(rel_dir + name, "symlinked folder: not followed"))
+                skipped.append(Skipped(path=rel_dir + name, reason="symlinked folder: not followed"))
             else:
                 kept_dirs.append(name)
         dirnames[:] = kept_dirs
@@ -154,10 +144,12 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
                 continue
             if not name.endswith(".md"):
                 if name.casefold().endswith((".md", ".markdown")):
-                    skipped.append(Skipped(_show(rel_dir + name), "only *.md files are documents: rename it to .md"))
+                    skipped.append(
+                        Skipped(path=_show(rel_dir + name), reason="only *.md files are documents: rename it to .md")
+                    )
                 continue
             if not _utf8(name):
-                skipped.append(Skipped(_show(rel_dir + name), "file name is not valid UTF-8"))
+                skipped.append(Skipped(path=_show(rel_dir + name), reason="file name is not valid UTF-8"))
                 continue
             rel = rel_dir + name
             doc = _scan_file(root, rel, excerpt_chars, skipped, warnings)
@@ -184,33 +176,35 @@ def _scan_file(
     if path.is_symlink():
         target = Path(os.path.realpath(path))
         if not target.is_relative_to(root):
-            skipped.append(Skipped(rel, "symlink points outside the knowledge folder: not followed"))
+            skipped.append(Skipped(path=rel, reason="symlink points outside the knowledge folder: not followed"))
             return None
         if _hidden(target.relative_to(root)):
-            skipped.append(Skipped(rel, "symlink points to a hidden file or folder: not followed"))
+            skipped.append(Skipped(path=rel, reason="symlink points to a hidden file or folder: not followed"))
             return None
     if not path.is_file():
-        skipped.append(Skipped(rel, "not a regular file"))
+        skipped.append(Skipped(path=rel, reason="not a regular file"))
         return None
     size = path.stat().st_size
     if size > MAX_DOC_BYTES:
-        skipped.append(Skipped(rel, f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index"))
+        skipped.append(
+            Skipped(path=rel, reason=f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
+        )
         return None
     try:
         text, digest = _decode(path)
     except ValueError as exc:
-        skipped.append(Skipped(rel, str(exc)))
+        skipped.append(Skipped(path=rel, reason=str(exc)))
         return None
     except OSError as exc:
-        skipped.append(Skipped(rel, f"cannot be read: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel, reason=f"cannot be read: {exc.strerror or exc}"))
         return None
     meta, body, problem = split_frontmatter(text)
     if problem:
-        warnings.append(Skipped(rel, problem))
+        warnings.append(Skipped(path=rel, reason=problem))
     body = clean_body(body)
     signals = signals_from(meta)
     if not body.strip() and not signals.title and not signals.description:
-        skipped.append(Skipped(rel, "empty document: nothing to index"))
+        skipped.append(Skipped(path=rel, reason="empty document: nothing to index"))
         return None
     theme = rel.split("/", 1)[0] if "/" in rel else None
     return ScannedDoc(

@@ -32,10 +32,10 @@ import numpy.typing as npt
 import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
-from kindex.errors import IndexMissingError
-from kindex.model import INDEX_FILE, DocItem, parse_index
+from kindex.errors import IndexMissingError, InvalidFileError
+from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_text, headings_of
-from kindex.store import STATE_DIR, atomic_write
+from kindex.store import STATE_DIR, atomic_write, read_index_file
 
 SEARCH_FILE = "search.npz"
 FORMAT = 1
@@ -244,7 +244,9 @@ def _item(obj: Mapping[str, Any]) -> DocItem:
         raise ValueError("bad entry")
     path, title, summary = strings
     tags, globs, questions = (tuple(x) for x in lists)
-    return DocItem(path, title, summary, tags, globs, questions)
+    # Type-checked above; the bounds held when the entry was built, and validating 10,000 entries again would
+    # cost the cold load more than everything else it does.
+    return DocItem.model_construct(path=path, title=title, summary=summary, tags=tags, paths=globs, questions=questions)
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
@@ -354,12 +356,12 @@ def read_entries(kb: Path) -> Entries:
     """
     root_path = kb / INDEX_FILE
     try:
-        root, problems = parse_index(_read_regular(root_path))
+        root, problems = read_index_file(root_path)
     except (FileNotFoundError, NotADirectoryError):
         raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
     except IsADirectoryError:
         raise IndexMissingError(f"{INDEX_FILE} of {kb.name or kb} is a folder, not an index: remove it") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, InvalidFileError) as exc:
         raise IndexMissingError(
             f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
         ) from None
@@ -374,10 +376,15 @@ def read_entries(kb: Path) -> Entries:
             problems.append(f"theme {t.dir!r} has a second entry: ignored")
             continue
         seen_themes.add(t.dir)
-        themes.append(ThemeRecord(t.dir, DocItem(t.dir, t.title, t.summary, t.tags, t.paths)))
+        themes.append(
+            ThemeRecord(
+                t.dir,  # a theme's summary may be longer than a document's: its entry was validated as a ThemeItem
+                DocItem.model_construct(path=t.dir, title=t.title, summary=t.summary, tags=t.tags, paths=t.paths),
+            )
+        )
         try:
-            sub, sub_problems = parse_index(_read_regular(kb / t.dir / INDEX_FILE))
-        except (OSError, ValueError) as exc:
+            sub, sub_problems = read_index_file(kb / t.dir / INDEX_FILE)
+        except (OSError, InvalidFileError) as exc:
             problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
@@ -388,25 +395,6 @@ def read_entries(kb: Path) -> Entries:
         problems.append(f"{len(docs) - len(unique)} duplicate document entries ignored")
     signature = signature_of(kb, [t.dir for t in themes])
     return Entries(tuple(unique), tuple(themes), signature, tuple(problems))
-
-
-MAX_INDEX_BYTES = 64 * 1024 * 1024
-"""An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
-
-
-def _read_regular(path: Path) -> bytes:
-    """A file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise (
-            IsADirectoryError(f"{path.name} is not a regular file")
-            if stat.S_ISDIR(st.st_mode)
-            else OSError(f"{path.name} is not a regular file")
-        )
-    if st.st_size > MAX_INDEX_BYTES:
-        raise OSError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
-    with open(path, "rb") as fh:
-        return fh.read(MAX_INDEX_BYTES + 1)
 
 
 def update(kb: Path, scan: Scan) -> bool:

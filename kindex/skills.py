@@ -1,10 +1,8 @@
-"""Skill packages (SPEC §8): Agent Skills folders as a KB whose themes are skills.
+"""The skill library service (SPEC §8): find, import, export, delete and sync the skills of an Agent Skills KB.
 
-A skill is a first-level folder holding ``SKILL.md`` whose YAML frontmatter names it (``name``) and says what it is
-for (``description``). Its theme entry is that frontmatter, verbatim; every Markdown file of the package gets a
-document entry, so a capability written in ``reference/backup.md`` is found. Search returns one best hit per
-skill. Packages move in and out as ZIP files, checked before anything touches the KB, and a workspace can be
-synced with only what changed.
+Search returns one best hit per skill. Packages move in and out as ZIP files, checked before anything touches the
+KB, and a workspace can be synced with only what changed. What a skill is, and how one is read and checked, is
+:mod:`kindex.skillmodel`.
 """
 
 from __future__ import annotations
@@ -20,255 +18,39 @@ import time
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
 
 from kindex import generate
-from kindex.errors import KindexError, UsageError
+from kindex.errors import KindexError, SkillError, UsageError
 from kindex.lock import write_lock
-from kindex.model import INDEX_FILE, ThemeItem, clean_tags, clean_text
-from kindex.retrieve import search
+from kindex.records import INDEX_FILE
+from kindex.results import ImportResult, RunReport, SkillHit, SyncResult
+from kindex.retrieve import Retriever
 from kindex.scan import split_frontmatter
+from kindex.skillmodel import (
+    NAME,
+    OVERVIEW_NAMES,
+    SKILL_FILE,
+    Problem,
+    Skill,
+    closure,
+    load_skills,
+    package_files,
+    read_skill,
+)
 from kindex.store import STATE_DIR, atomic_write
 
-SKILL_FILE = "SKILL.md"
-NAME = re.compile(r"^[a-z0-9-]{1,64}$")
-DESCRIPTION_MAX = 1024
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
 DEFAULT_MAX_ZIP_FILES = 2000
 MAX_ZIP_DEPTH = 32
 """Folders deep a package member may lie: deeper is no skill package (and would exhaust path limits)."""
-_OVERVIEW_NAMES = ("readme.md", "index.md", "overview.md")
-
-
-class SkillError(KindexError):
-    """A skill package breaks a rule (its message names the file and the rule)."""
-
-    code = "invalid_skill"
-
-
-@dataclass(frozen=True, slots=True)
-class Skill:
-    """One skill's frontmatter, as its author wrote it."""
-
-    name: str
-    description: str
-    folder: str
-    tags: tuple[str, ...] = ()
-    allowed_tools: tuple[str, ...] = ()
-    skill_dependencies: tuple[str, ...] = ()
-    tool_dependencies: tuple[str, ...] = ()
-    mcp_dependencies: tuple[str, ...] = ()
-
-    def theme_item(self) -> ThemeItem:
-        """The skill's theme entry: name and description verbatim (never the model's words)."""
-        return ThemeItem(
-            dir=self.folder,
-            title=clean_text(self.name, 80),
-            summary=clean_text(self.description, DESCRIPTION_MAX),
-            tags=clean_tags([*self.tags, *self.allowed_tools], limit=24),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    file: str
-    rule: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.rule}"
-
-
-def _strings(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [v for v in re.split(r"[,\s]+", value) if v]
-    if not isinstance(value, list | tuple):
-        return ()
-    return tuple(str(v).strip() for v in value if isinstance(v, str | int) and str(v).strip())
-
-
-def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_name: str | None = None) -> Skill | None:
-    """The skill in ``folder``, or ``None`` (with the reasons appended to ``problems``) when it breaks a rule.
-
-    ``folder_name`` is the name the folder will have (for a package still being unpacked elsewhere).
-    """
-    problems = [] if problems is None else problems
-    folder_name = folder_name or folder.name
-    rel = f"{folder_name}/{SKILL_FILE}"
-    try:
-        text = (folder / SKILL_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(rel, f"cannot be read as UTF-8 ({exc.__class__.__name__})"))
-        return None
-    meta, _, broken = split_frontmatter(text.removeprefix("\ufeff"))
-    if broken or not meta:
-        problems.append(Problem(rel, broken or "has no YAML frontmatter (--- name: … description: … ---)"))
-        return None
-    before = len(problems)
-    name, description = meta.get("name"), meta.get("description")
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        problems.append(Problem(rel, "name must be 1 to 64 characters of a-z, 0-9 and -"))
-    elif name != folder_name:
-        problems.append(Problem(rel, f"name {name!r} must equal the folder name {folder_name!r}"))
-    if not isinstance(description, str) or not 1 <= len(description.strip()) <= DESCRIPTION_MAX:
-        problems.append(Problem(rel, f"description must be 1 to {DESCRIPTION_MAX} characters"))
-    if len(problems) > before:
-        return None
-    raw_metadata = meta.get("metadata")
-    metadata: Mapping[str, Any] = raw_metadata if isinstance(raw_metadata, Mapping) else {}
-    assert isinstance(name, str) and isinstance(description, str)
-    return Skill(
-        name=name,
-        description=description.strip(),
-        folder=folder_name,
-        tags=_strings(meta.get("tags") or metadata.get("tags")),
-        allowed_tools=_strings(meta.get("allowed-tools") or meta.get("allowed_tools")),
-        skill_dependencies=_strings(meta.get("skill_dependencies")),
-        tool_dependencies=_strings(meta.get("tool_dependencies")),
-        mcp_dependencies=_strings(meta.get("mcp_dependencies")),
-    )
-
-
-def skill_folders(kb: Path) -> list[Path]:
-    """First-level folders of ``kb`` that hold a ``SKILL.md``; a symlinked folder is never one (the scan does not
-    follow it either, and export or sync must not hand out what it points to)."""
-    if not kb.is_dir():
-        return []
-    return sorted(
-        p
-        for p in kb.iterdir()
-        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and (p / SKILL_FILE).is_file()
-    )
-
-
-def is_skill_library(kb: Path) -> bool:
-    return bool(skill_folders(kb))
-
-
-_LOADED: dict[Path, tuple[tuple[Any, ...], tuple[dict[str, Skill], list[Problem]]]] = {}
-
-
-def load_skills(kb: str | os.PathLike[str]) -> tuple[dict[str, Skill], list[Problem]]:
-    """The valid skills of a library by name, and every rule broken (frontmatter and dependencies).
-
-    Kept per process until a ``SKILL.md`` changes (one ``stat`` each), so searching does not re-read them.
-    """
-    root = Path(kb).resolve()
-    folders = skill_folders(root)
-    signature = tuple((f.name, (f / SKILL_FILE).stat().st_mtime_ns, (f / SKILL_FILE).stat().st_size) for f in folders)
-    cached = _LOADED.get(root)
-    if cached is not None and cached[0] == signature:
-        return dict(cached[1][0]), list(cached[1][1])
-    result = _load_skills(folders)
-    _LOADED[root] = (signature, result)
-    return dict(result[0]), list(result[1])
-
-
-def _load_skills(folders: list[Path]) -> tuple[dict[str, Skill], list[Problem]]:
-    problems: list[Problem] = []
-    skills: dict[str, Skill] = {}
-    for folder in folders:
-        skill = read_skill(folder, problems)
-        if skill is not None:
-            skills[skill.name] = skill
-    for skill in skills.values():
-        rel = f"{skill.folder}/{SKILL_FILE}"
-        for dep in skill.skill_dependencies:
-            if dep == skill.name:
-                problems.append(Problem(rel, "a skill cannot depend on itself"))
-            elif dep not in skills:
-                problems.append(Problem(rel, f"skill_dependencies names an unknown skill {dep!r}"))
-    return skills, problems
-
-
-def validate_skills(kb: str | os.PathLike[str]) -> list[Problem]:
-    """Every Agent Skills rule the library breaks, with the file."""
-    return load_skills(kb)[1]
-
-
-@dataclass(frozen=True, slots=True)
-class Closure:
-    """What loading a skill brings: its dependencies (transitively, in order) and their tools and MCP servers."""
-
-    skills: tuple[str, ...]
-    tools: tuple[str, ...]
-    mcp: tuple[str, ...]
-
-
-def closure(skills: Mapping[str, Skill], name: str) -> Closure:
-    """The dependency closure of ``name``: depth-first, de-duplicated, order-preserving, safe against cycles."""
-    order: list[str] = []
-    seen = {name}
-    stack = list(reversed(skills[name].skill_dependencies)) if name in skills else []
-    while stack:
-        dep = stack.pop()
-        if dep in seen or dep not in skills:
-            continue
-        seen.add(dep)
-        order.append(dep)
-        stack.extend(reversed(skills[dep].skill_dependencies))
-    tools: list[str] = []
-    mcp: list[str] = []
-    for s in [name, *order]:
-        if s in skills:
-            tools += [t for t in skills[s].tool_dependencies if t not in tools]
-            mcp += [m for m in skills[s].mcp_dependencies if m not in mcp]
-    return Closure(tuple(order), tuple(tools), tuple(mcp))
-
-
-def package_files(folder: Path) -> list[tuple[str, Path]]:
-    """The files that make up a skill package, as (relative path, file), in a stable order.
-
-    Index files and hidden files are kindex's own or the author's scratch; symbolic links are never followed.
-    """
-    if folder.is_symlink():
-        return []
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            path = Path(dirpath) / name
-            if name.startswith(".") or name == INDEX_FILE or path.is_symlink() or not path.is_file():
-                continue
-            out.append((path.relative_to(folder).as_posix(), path))
-    return sorted(out)
 
 
 # -- search -------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SkillHit:
-    """A skill and the entry of it that best matched the query."""
-
-    name: str
-    description: str
-    root_uri: str
-    skill_md_uri: str
-    uri: str
-    level: int
-    score: float
-    abstract: str
-    dependencies: Closure
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "root_uri": self.root_uri,
-            "skill_md_uri": self.skill_md_uri,
-            "uri": self.uri,
-            "level": self.level,
-            "score": round(self.score, 4),
-            "abstract": self.abstract,
-            "skill_dependencies": list(self.dependencies.skills),
-            "tool_dependencies": list(self.dependencies.tools),
-            "mcp_dependencies": list(self.dependencies.mcp),
-        }
 
 
 def level_of(uri: str) -> int:
@@ -276,26 +58,31 @@ def level_of(uri: str) -> int:
     parts = uri.split("/")
     if len(parts) == 1 or parts[1:] == [SKILL_FILE]:
         return 0
-    return 1 if parts[-1].casefold() in _OVERVIEW_NAMES else 2
+    return 1 if parts[-1].casefold() in OVERVIEW_NAMES else 2
 
 
 def find_skills(
-    kb: str | os.PathLike[str], query: str, *, limit: int = 10, levels: Iterable[int] | None = None
+    retriever: Retriever,
+    skills: Mapping[str, Skill],
+    query: str,
+    *,
+    limit: int = 10,
+    levels: Iterable[int] | None = None,
 ) -> list[SkillHit]:
     """The ``limit`` skills that best match ``query``, each once, with its single best entry.
 
     Every entry is scored (skill summaries, folder overviews, files); a ``levels`` filter applies before the
-    grouping; skills are ordered by their best score (ties by uri).
+    grouping; skills are ordered by their best score (ties by uri). ``skills`` are the library's valid skills
+    (:func:`kindex.skillmodel.load_skills`); :meth:`kindex.KnowledgeBase.find_skills` passes both for you.
     """
     if limit < 1:
         raise UsageError(f"limit must be at least 1, got {limit}")
     wanted = set(levels) if levels is not None else {0, 1, 2}
-    skills, _ = load_skills(kb)
     by_folder = {s.folder: s for s in skills.values()}
     best: dict[str, SkillHit] = {}
     # The ranking is best first (ties by path), so a skill's first entry in it is its best hit; candidates are
     # drawn until `limit` distinct skills are found or the ranking is exhausted.
-    for item in search(kb, query, limit=None, themes=True, explain=False):
+    for item in retriever.search(query, limit=None, themes=True, explain=False):
         folder = item.path.split("/", 1)[0]
         skill = by_folder.get(folder)
         level = level_of(item.path)
@@ -310,7 +97,7 @@ def find_skills(
             level=level,
             score=item.score,
             abstract=item.abstract,
-            dependencies=closure(skills, skill.name),
+            **closure(skills, skill.name).as_fields(),
         )
         if len(best) >= limit:
             break
@@ -318,24 +105,6 @@ def find_skills(
 
 
 # -- ZIP import and export ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ImportResult:
-    name: str
-    replaced: bool
-    renamed_from: str | None
-    files: int
-    report: generate.RunReport | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "replaced": self.replaced,
-            "renamed_from": self.renamed_from,
-            "files": self.files,
-            "report": self.report.to_dict() if self.report else None,
-        }
 
 
 def _zip_members(
@@ -473,7 +242,7 @@ def import_skill(
             report = _install(root, staging, name, opts)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return ImportResult(name, replaced, renamed_from, len(members), report)
+    return ImportResult(name=name, replaced=replaced, renamed_from=renamed_from, files=len(members), report=report)
 
 
 def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
@@ -483,7 +252,7 @@ def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
     return read_skill(staging, problems, folder_name=name if isinstance(name, str) and name else "(unnamed)")
 
 
-def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> generate.RunReport:
+def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> RunReport:
     """Move ``staging`` into ``root/name`` and index it; on any failure put back what was there."""
     target = root / name
     backup_dir = root / STATE_DIR / "backup" / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
@@ -509,7 +278,7 @@ def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> ge
     # The replaced package stays in the backup folder (.kindex/backup/): a replace can be undone by hand.
 
 
-def _reindex_skill(root: Path, name: str, opts: generate.Options) -> generate.RunReport:
+def _reindex_skill(root: Path, name: str, opts: generate.Options) -> RunReport:
     report = generate.sub(root, name, opts)  # the KB lock is already this thread's: taking it again is free
     generate.root(root, opts)
     return report
@@ -549,22 +318,6 @@ def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Option
 
 
 # -- workspace sync -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    synced: tuple[str, ...]
-    unchanged: tuple[str, ...]
-    removed: tuple[str, ...]
-    manifest: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "synced": list(self.synced),
-            "unchanged": list(self.unchanged),
-            "removed": list(self.removed),
-            "manifest": self.manifest,
-        }
 
 
 def skill_version(folder: Path) -> str:
@@ -640,7 +393,12 @@ def sync_skills(
             if NAME.fullmatch(name) and (dest_root / name).is_dir():
                 shutil.rmtree(dest_root / name)
         atomic_write(dest_root / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    return SyncResult(tuple(changed), tuple(n for n in selected if n not in changed), tuple(removed), manifest)
+    return SyncResult(
+        synced=tuple(changed),
+        unchanged=tuple(n for n in selected if n not in changed),
+        removed=tuple(removed),
+        manifest=manifest,
+    )
 
 
 def _swap_in(source: Path, dest_root: Path, name: str) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from kindex.errors import KBNotFoundError, StorageError
-from kindex.model import INDEX_FILE, Index, parse_index
+from kindex.errors import InvalidFileError, KBNotFoundError, StorageError
+from kindex.records import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
 CACHE_FILE = "answers.sqlite"
@@ -82,15 +82,43 @@ def theme_index_path(kb: Path, dir_name: str) -> Path:
     return kb / dir_name / INDEX_FILE
 
 
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+"""An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
+
+
+def index_bytes(path: Path) -> bytes:
+    """An index file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large.
+
+    Raises ``FileNotFoundError`` (or ``NotADirectoryError``) when there is none, ``IsADirectoryError`` for a
+    folder in its place, another ``OSError`` when it cannot be read.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise (
+            IsADirectoryError(f"{path.name} is not a regular file")
+            if stat.S_ISDIR(st.st_mode)
+            else OSError(f"{path.name} is not a regular file")
+        )
+    if st.st_size > MAX_INDEX_BYTES:
+        raise OSError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
+    with open(path, "rb") as fh:
+        return fh.read(MAX_INDEX_BYTES + 1)
+
+
+def read_index_file(path: Path) -> tuple[Index, list[str]]:
+    """The one reader of index files: the index at ``path`` (read leniently) and what in it made no sense.
+
+    Raises ``OSError`` as :func:`index_bytes` does, and :class:`InvalidFileError` when the file holds no JSON
+    object; each caller decides what that means for it (start afresh, report it, answer 409).
+    """
+    return parse_index(index_bytes(path))
+
+
 def read_index(path: Path) -> Index | None:
     """The index at ``path``, or ``None`` when there is none or it cannot be read as an index."""
     try:
-        data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    try:
-        index, _ = parse_index(data)
-    except ValueError:
+        index, _ = read_index_file(path)
+    except (OSError, InvalidFileError):
         return None
     return index
 

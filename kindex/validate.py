@@ -1,4 +1,9 @@
-"""Checking an index on disk against the scan and the JSON contract (``kindex validate``)."""
+"""Checking an index on disk against the scan and the JSON contract (``kindex validate``).
+
+The contract's form and bounds are the schema of :class:`kindex.records.Index`: a file is reported exactly where
+that schema rejects it (the same schema the HTTP service publishes). On top, validate checks what no schema of one
+file can: that the entries match the scanned folder, once each, in the contract's order.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from kindex.model import INDEX_FILE, INDEX_VERSION, doc_item_from, theme_item_from
+from kindex.records import INDEX_FILE, schema_errors
 from kindex.scan import scan
-from kindex.store import root_index_path, theme_index_path
+from kindex.store import index_bytes, root_index_path, theme_index_path
 
 
 def validate(kb: str | os.PathLike[str]) -> list[str]:
@@ -47,8 +52,8 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
 
 def _load(path: Any, label: str, problems: list[str]) -> dict[str, Any] | None:
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = index_bytes(path)
+    except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{label}: missing (run `kindex reindex`)")
         return None
     except OSError as exc:
@@ -62,11 +67,7 @@ def _load(path: Any, label: str, problems: list[str]) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         problems.append(f"{label}: not a JSON object")
         return None
-    if obj.get("version") != INDEX_VERSION:
-        problems.append(f"{label}: version is {obj.get('version')!r}, expected {INDEX_VERSION}")
-    for key in ("themes", "documents"):
-        if not isinstance(obj.get(key), list):
-            problems.append(f"{label}: {key!r} is missing or not a list")
+    problems.extend(f"{label}: {p}" for p in schema_errors(data))
     return obj
 
 
@@ -75,53 +76,13 @@ def _list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
-# Keys an entry may carry that its cleaned form leaves out when empty.
-_OPTIONAL = frozenset({"paths", "questions", "tags"})
-
-
 def _entries(obj: dict[str, Any], label: str, key: str, id_field: str) -> list[str]:
-    problems = []
     raw = obj.get(key)
-    for i, entry in enumerate(raw if isinstance(raw, list) else []):
-        where = f"{label}: {key}[{i}]"
-        if not isinstance(entry, dict):
-            problems.append(f"{where} is not an object")
-            continue
-        for name in (id_field, "title", "summary"):
-            if not isinstance(entry.get(name), str) or not entry[name].strip():
-                problems.append(f"{where} has no {name}")
-        tags = entry.get("tags")
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            problems.append(f"{where} 'tags' is not a list of strings")
-        for optional in ("paths", "questions"):
-            value = entry.get(optional)
-            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-                problems.append(f"{where} {optional!r} is not a list of strings")
-        problems += _bounds(entry, where, key)
     ids = [e.get(id_field) for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
     names = [x for x in ids if isinstance(x, str)]
     if len(names) == len(ids) and names != sorted(names):
-        problems.append(f"{label}: {key!r} are not sorted by {id_field}")
-    return problems
-
-
-def _bounds(entry: dict[str, Any], where: str, key: str) -> list[str]:
-    """What the contract's cleaning would change in ``entry``: a bound broken, a key it does not have.
-
-    The contract is the cleaning kindex applies to every entry it writes (``kindex.model``), so an entry is valid
-    exactly when cleaning it changes nothing.
-    """
-    ident = entry.get("dir" if key == "themes" else "path")
-    if not isinstance(ident, str):
-        return []
-    clean = (theme_item_from(entry, ident) if key == "themes" else doc_item_from(entry, ident)).to_dict()
-    out = [
-        f"{where} has a key the contract does not have: {k!r}" for k in entry if k not in clean and k not in _OPTIONAL
-    ]
-    for name, value in clean.items():
-        if name in entry and entry[name] != value and name not in ("index_file",):
-            out.append(f"{where} {name!r} breaks the contract's bounds or form (kindex would write {value!r})")
-    return out
+        return [f"{label}: {key!r} are not sorted by {id_field}"]
+    return []
 
 
 def _coverage(obj: dict[str, Any], label: str, scanned: set[str]) -> list[str]:

@@ -128,7 +128,7 @@ def test_sigkill_at_any_point_leaves_valid_files_and_the_rerun_pays_only_the_res
         sample_kb, kindex.Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url))
     )
 
-    assert report.ok and report.cache_hits == paid and report.usage.calls == 19 - paid
+    assert report.ok and report.cache_hits == paid and report.calls == 19 - paid
     assert len(fake_llm.requests) == 19 - paid
     assert kindex.validate(sample_kb) == []
     assert list(sample_kb.rglob("*.tmp")) == []  # what the kill left half-written was cleaned up

@@ -20,15 +20,15 @@ import kindex
 import kindex.retrieve
 from kindex import searchindex
 from kindex.cli import main
+from kindex.fitting import cut_to_budget
 from kindex.markdown import headings
-from kindex.retrieve import cut_to_budget
 from kindex.tokenize import estimate_tokens
 
 
 @pytest.fixture
 def indexed(sample_kb: Path) -> Path:
     kindex.reindex(sample_kb)
-    kindex.retrieve.clear_cache()
+    kindex.kb.clear_cache()
     return sample_kb
 
 
@@ -63,7 +63,7 @@ def test_a_damaged_search_table_is_rebuilt_never_a_crash(indexed: Path, damage: 
 
     ctx = kindex.build_context(indexed, "退款多久到账")
     assert ctx.items[0].path == "billing/退款政策.md" and not ctx.fallback
-    assert kindex.retrieve._CACHE.get(indexed.resolve()).stale  # said, not silently degraded
+    assert kindex.KnowledgeBase(indexed).retriever.loaded().stale  # said, not silently degraded
 
     kindex.reindex(indexed)  # the next step repairs the file
     assert searchindex.load(indexed) is not None
@@ -127,7 +127,7 @@ def test_duplicate_entries_in_a_hand_edited_index_are_one_document(indexed: Path
     theme = indexed / "billing" / "index.json"
     index, _ = kindex.parse_index(theme.read_bytes())
     theme.write_bytes(kindex.Index(documents=index.documents * 5).to_json())
-    kindex.retrieve.clear_cache()
+    kindex.kb.clear_cache()
 
     paths = [i.path for i in kindex.build_context(indexed, "退款多久到账").items]
     assert len(paths) == len(set(paths))
@@ -191,10 +191,10 @@ def test_validate_checks_every_bound_of_the_contract(indexed: Path) -> None:
 
     problems = kindex.validate(indexed)
 
-    assert any("'title' breaks the contract" in p for p in problems)
-    assert any("'tags' breaks the contract" in p for p in problems)
-    assert any("'summary' breaks the contract" in p for p in problems)
-    assert any("'questions' breaks the contract" in p for p in problems)
+    assert any(".title breaks the contract" in p for p in problems)
+    assert any(".tags breaks the contract" in p for p in problems)
+    assert any(".summary breaks the contract" in p for p in problems)
+    assert any(".questions breaks the contract" in p for p in problems)
     assert any("a key the contract does not have: 'extra'" in p for p in problems)
     assert any("are not sorted by path" in p for p in problems)
 
@@ -219,12 +219,13 @@ def test_json_failures_print_an_error_object_and_ctrl_c_early_exits_130(
     assert result.exit_code == 1
     assert orjson.loads(result.stdout)["error"]["code"] == "kb_not_found"
 
-    import kindex.commands.context as context_command
+    import kindex.cli.context as context_command
 
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
+    class Interrupted:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(context_command, "build_context", interrupted)
+    monkeypatch.setattr(context_command, "Retriever", Interrupted)
     result = CliRunner().invoke(main, ["context", str(indexed), "退款"])
     assert result.exit_code == 130 and "interrupted" in result.stderr
 
@@ -378,7 +379,8 @@ def test_a_413_gets_an_access_log_line_and_every_log_line_is_json(
 
     import httpx
 
-    from kindex.server import MAX_BODY_BYTES, JsonLines, create_app
+    from kindex.server import JsonLines, create_app
+    from kindex.server.errors import MAX_BODY_BYTES
 
     app = create_app(sample_kb.parent, llm=kindex.LLMSettings())
 

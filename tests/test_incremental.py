@@ -27,8 +27,8 @@ def test_second_run_makes_no_call_and_rewrites_nothing(
 
     again = kindex.reindex(sample_kb, llm_options)
 
-    assert fake_llm.requests == [] and again.usage.calls == 0 and again.cache_hits == 19
-    assert again.written == []  # unchanged files are not replaced, so readers keep their cache
+    assert fake_llm.requests == [] and again.calls == 0 and again.cache_hits == 19
+    assert again.written == ()  # unchanged files are not replaced, so readers keep their cache
     assert {p: p.stat().st_mtime_ns for p in sample_kb.rglob("index.json")} == before
 
 
@@ -41,8 +41,8 @@ def test_an_edited_document_costs_exactly_one_call(sample_kb: Path, fake_llm: Fa
     report = kindex.reindex(sample_kb, llm_options)
 
     assert paths_called(fake_llm) == ["离线模式.md"]
-    assert report.usage.calls == 1 and report.cache_hits == 18
-    assert report.notes == [], report.notes
+    assert report.calls == 1 and report.cache_hits == 18
+    assert report.notes == (), report.notes
 
 
 def test_a_deleted_document_and_theme_leave_no_entry(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
@@ -83,7 +83,7 @@ def test_changing_a_prompt_template_recomputes_what_it_affects(
         templating._env.cache_clear()
         templating.version.cache_clear()
 
-    assert report.usage.calls == 18 and report.cache_hits == 1  # every document again; the root is unaffected
+    assert report.calls == 18 and report.cache_hits == 1  # every document again; the root is unaffected
     assert "Prefer nouns in tags." in fake_llm.requests[0]["messages"][0]["content"]
 
 
@@ -91,7 +91,7 @@ def test_force_ignores_the_cache(sample_kb: Path, fake_llm: FakeLLM, llm_options
     kindex.reindex(sample_kb, llm_options)
     fake_llm.requests.clear()
     report = kindex.reindex(sample_kb, Options(llm=llm_options.llm, force=True))
-    assert report.usage.calls == 19 and len(fake_llm.requests) == 19
+    assert report.calls == 19 and len(fake_llm.requests) == 19
 
 
 def test_dry_run_lists_the_calls_without_making_them(sample_kb: Path, fake_llm: FakeLLM) -> None:
@@ -105,9 +105,9 @@ def test_dry_run_lists_the_calls_without_making_them(sample_kb: Path, fake_llm: 
     kindex.reindex(sample_kb, Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url)))
     (sample_kb / "导读.md").write_text("# 导读\n\n新的导读。", encoding="utf-8")
     plan = kindex.dry_run(sample_kb, Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url)))
-    assert plan.calls == ("index.json",) and plan.cached == 18 and plan.prompt_tokens > 0
+    assert plan.items == ("index.json",) and plan.calls == 1 and plan.cached == 18 and plan.estimated_prompt_tokens > 0
 
 
 def test_dry_run_prices_a_model_litellm_knows(sample_kb: Path) -> None:
     plan = kindex.dry_run(sample_kb, Options(llm=kindex.LLMSettings(model="gpt-4o-mini")))
-    assert plan.cost is not None and 0 < plan.cost < 0.1
+    assert plan.estimated_cost is not None and 0 < plan.estimated_cost < 0.1

@@ -127,7 +127,7 @@ def test_a_local_endpoint_needs_no_key(sample_kb: Path, fake_llm: FakeLLM, monke
     monkeypatch.delenv("OPENAI_API_KEY")
     fake_llm.script = well_behaved
     report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm)))
-    assert report.ok and report.usage.calls > 0
+    assert report.ok and report.calls > 0
 
 
 def test_the_timeout_is_a_deadline_for_the_whole_call(fake_llm: FakeLLM) -> None:
@@ -172,7 +172,7 @@ def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Pat
     report = kindex.sub(sample_kb, "sync", Options(llm=llm_settings(fake_llm, retries=1)))
 
     assert len(report.failures) == 4 and len(fake_llm.requests) == 8
-    assert (report.usage.calls, report.usage.retries) == (4, 4)
+    assert (report.calls, report.retries) == (4, 4)
 
 
 def test_doc_steps_do_not_grow_the_answer_cache(sample_kb: Path, fake_llm: FakeLLM) -> None:

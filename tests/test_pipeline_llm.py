@@ -24,9 +24,9 @@ def test_reindex_with_a_model_writes_valid_indexes_from_its_answers(
     report = kindex.reindex(sample_kb, llm_options)
 
     assert report.ok and report.offline is False
-    assert report.usage.calls == 19 and report.cache_hits == 0
+    assert report.calls == 19 and report.cache_hits == 0
     assert (report.completed, report.total) == (19, 19)
-    assert report.usage.prompt_tokens == 19 * 100 and report.usage.completion_tokens == 19 * 20
+    assert report.prompt_tokens == 19 * 100 and report.completion_tokens == 19 * 20
     assert kindex.validate(sample_kb) == []
     root = load(sample_kb / "index.json")
     assert [t["dir"] for t in root["themes"]] == ["account", "billing", "developer", "sync"]
@@ -119,7 +119,7 @@ def test_prose_and_fences_around_the_json_are_accepted(
     fake_llm.script = script
     report = kindex.reindex(sample_kb, llm_options)
 
-    assert report.ok and report.usage.calls == 19  # no repair re-asks were needed
+    assert report.ok and report.calls == 19  # no repair re-asks were needed
     assert load(sample_kb / "sync" / "index.json")["documents"][0]["title"].startswith("标题 ")
 
 
@@ -150,7 +150,7 @@ def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(
     fake_llm.script = well_behaved
     again = kindex.reindex(sample_kb, llm_options)
 
-    assert again.ok and again.usage.calls == 1 and again.cache_hits == 18
+    assert again.ok and again.calls == 1 and again.cache_hits == 18
     assert [doc_path(r) for r in fake_llm.requests] == [bad]
     entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == bad)
     assert entry["title"] == f"标题 {bad}"
@@ -224,6 +224,6 @@ def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_ca
     fake_llm.script = script
     report = kindex.reindex(sample_kb, llm_options)
 
-    assert report.ok and report.usage.calls == 19  # every document answered, no repair request, no failure
+    assert report.ok and report.calls == 19  # every document answered, no repair request, no failure
     doc = load(sample_kb / "sync" / "index.json")["documents"][0]
     assert doc["summary"] == "摘要完整。" and doc["title"]  # the complete members kept, the cut-off tags dropped

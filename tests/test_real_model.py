@@ -33,7 +33,7 @@ def test_reindex_sample_kb_with_a_real_model(sample_kb: Path) -> None:
     print("\n" + str(report.to_dict()))
 
     assert kindex.validate(sample_kb) == []
-    assert report.usage.calls >= 19 and len(report.failures) <= 2, report.failures
+    assert report.calls >= 19 and len(report.failures) <= 2, report.failures
     failed = {f.path for f in report.failures}
     s = kindex.scan(sample_kb)
     for name, docs in s.themes.items():

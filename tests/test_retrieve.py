@@ -13,9 +13,17 @@ import kindex
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem
 from kindex.cli import main
-from kindex.retrieve import cut_to_budget
+from kindex.fitting import cut_to_budget
 from kindex.store import write_index
 from kindex.tokenize import estimate_tokens
+
+
+def _doc(path: str, title: str, summary: str, tags: tuple[str, ...] = (), paths: tuple[str, ...] = ()) -> DocItem:
+    return DocItem(path=path, title=title, summary=summary or title, tags=tags, paths=paths)
+
+
+def _theme(name: str, title: str, summary: str, tags: tuple[str, ...] = ()) -> ThemeItem:
+    return ThemeItem(dir=name, title=title, summary=summary or title, tags=tags)
 
 
 @pytest.fixture
@@ -34,7 +42,7 @@ def make_kb(root: Path, docs: dict[str, tuple[DocItem, str]], themes: tuple[Them
             by_theme.setdefault(rel.split("/", 1)[0], []).append(item)
         else:
             root_docs.append(item)
-    all_themes = themes or tuple(ThemeItem(name, name, "") for name in by_theme)
+    all_themes = themes or tuple(_theme(name, name, "") for name in by_theme)
     write_index(root / "index.json", Index(themes=all_themes, documents=tuple(root_docs)))
     for name, items in by_theme.items():
         write_index(root / name / "index.json", Index(documents=tuple(items)))
@@ -65,8 +73,8 @@ def test_single_characters_and_function_pairs_do_not_select_an_entry(tmp_path: P
     kb = make_kb(
         tmp_path,
         {
-            "导读.md": (DocItem("导读.md", "导读", "入门"), "# 导读\n欢迎"),
-            "t/x.md": (DocItem("x.md", "的是如何", "的是如何处理", ("如何",)), "# x"),
+            "导读.md": (_doc("导读.md", "导读", "入门"), "# 导读\n欢迎"),
+            "t/x.md": (_doc("x.md", "的是如何", "的是如何处理", ("如何",)), "# x"),
         },
     )
     ctx = kindex.build_context(kb, "今天是星期几，如何是好的")
@@ -138,7 +146,7 @@ def test_identical_scores_are_ordered_by_path(tmp_path: Path) -> None:
     entry = ("退款 说明", "退款")
     kb = make_kb(
         tmp_path,
-        {f"t/{name}.md": (DocItem(f"{name}.md", *entry), "# 说明\n退款") for name in ("c1", "a1", "b1")},
+        {f"t/{name}.md": (_doc(f"{name}.md", *entry), "# 说明\n退款") for name in ("c1", "a1", "b1")},
     )
     ctx = kindex.build_context(kb, "退款说明")
     assert [i.path for i in ctx.items] == ["t/a1.md", "t/b1.md", "t/c1.md"]
@@ -157,8 +165,8 @@ def test_a_vanished_file_is_skipped_and_reported(indexed: Path) -> None:
 def test_paths_outside_the_kb_in_a_hand_edited_index_are_never_served(tmp_path: Path) -> None:
     secret = tmp_path / "secret.md"
     secret.write_text("# 退款政策 secret", encoding="utf-8")
-    kb = make_kb(tmp_path / "kb", {"t/a.md": (DocItem("a.md", "退款政策", "退款"), "# a")})
-    write_index(kb / "t" / "index.json", Index(documents=(DocItem("../../secret.md", "退款政策", "退款"),)))
+    kb = make_kb(tmp_path / "kb", {"t/a.md": (_doc("a.md", "退款政策", "退款"), "# a")})
+    write_index(kb / "t" / "index.json", Index(documents=(_doc("../../secret.md", "退款政策", "退款"),)))
 
     ctx = kindex.build_context(kb, "退款政策")
     assert "secret" not in ctx.text and all(".." not in i.path for i in ctx.items)
@@ -167,12 +175,12 @@ def test_paths_outside_the_kb_in_a_hand_edited_index_are_never_served(tmp_path: 
 def test_a_rewritten_index_is_seen_by_the_next_call_in_the_same_process(tmp_path: Path) -> None:
     kb = make_kb(
         tmp_path,
-        {"t/a.md": (DocItem("a.md", "退款政策", "退款"), "# a"), "t/b.md": (DocItem("b.md", "发票", "发票"), "# b")},
+        {"t/a.md": (_doc("a.md", "退款政策", "退款"), "# a"), "t/b.md": (_doc("b.md", "发票", "发票"), "# b")},
     )
     assert kindex.build_context(kb, "退款政策").items[0].path == "t/a.md"
     assert kindex.build_context(kb, "对公转账").fallback
 
-    write_index(kb / "t" / "index.json", Index(documents=(DocItem("b.md", "对公转账", "对公转账说明"),)))
+    write_index(kb / "t" / "index.json", Index(documents=(_doc("b.md", "对公转账", "对公转账说明"),)))
 
     assert kindex.build_context(kb, "对公转账").items[0].path == "t/b.md"
 
@@ -222,19 +230,19 @@ def test_words_only_in_a_documents_body_still_find_it(indexed: Path) -> None:
 
 def test_missing_search_tables_are_rebuilt_in_memory_not_silently_lost(indexed: Path) -> None:
     (indexed / ".kindex" / "search.npz").unlink()
-    kindex.retrieve.clear_cache()
+    kindex.kb.clear_cache()
 
     assert kindex.search(indexed, "苹果商店里买的会员怎么退")[0].path == "billing/退款政策.md"
-    assert kindex.retrieve._CACHE.get(indexed.resolve()).stale
+    assert kindex.KnowledgeBase(indexed).retriever.loaded().stale
 
 
 def test_a_saved_table_that_no_longer_matches_the_index_is_not_used(indexed: Path) -> None:
     assert (indexed / ".kindex" / "search.npz").exists()
     write_index(
         indexed / "sync" / "index.json",
-        Index(documents=(DocItem("离线模式.md", "飞行模式下记账", "没有网络也能记账"),)),
+        Index(documents=(_doc("离线模式.md", "飞行模式下记账", "没有网络也能记账"),)),
     )
-    kindex.retrieve.clear_cache()
+    kindex.kb.clear_cache()
 
     assert kindex.search(indexed, "飞行模式下记账")[0].path == "sync/离线模式.md"
 

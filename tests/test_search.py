@@ -13,7 +13,7 @@ from kindex import searchindex
 from kindex.analysis import analyze, vocabulary
 from kindex.cli import main
 from kindex.globs import glob_matches, usable_glob
-from kindex.model import QUESTIONS_MAX, doc_item_from
+from kindex.records import QUESTIONS_MAX, doc_item_from
 from kindex.scan import scan
 
 

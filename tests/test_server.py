@@ -16,7 +16,8 @@ from fastapi import FastAPI
 
 import kindex
 from kindex import LLMSettings
-from kindex.server import MAX_BODY_BYTES, create_app
+from kindex.server import create_app
+from kindex.server.errors import MAX_BODY_BYTES
 from tests.conftest import SAMPLE_KB
 from tests.fakellm import FakeLLM, Reply, well_behaved
 

@@ -11,7 +11,8 @@ import pytest
 from fastapi import FastAPI
 
 from kindex import LLMSettings
-from kindex.server import MAX_UPLOAD_BYTES, create_app
+from kindex.server import create_app
+from kindex.server.errors import MAX_UPLOAD_BYTES
 from tests.test_server import TOKEN, call
 from tests.test_skills import library, make_zip, skill_md  # noqa: F401  (library is a fixture)
 

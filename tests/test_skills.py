@@ -84,7 +84,7 @@ def test_validation_names_the_file_and_the_rule(library: Path) -> None:
     write(library / "loner" / "SKILL.md", skill_md("loner", "x", "skill_dependencies: [loner, ghost]\n"))
     write(library / "nofront" / "SKILL.md", "# no frontmatter\n")
 
-    problems = [str(p) for p in skills.validate_skills(library)]
+    problems = [str(p) for p in kindex.validate_skills(library)]
 
     assert "Bad_Skill/SKILL.md: name must be 1 to 64 characters of a-z, 0-9 and -" in problems
     assert "other/SKILL.md: name 'different' must equal the folder name 'other'" in problems
@@ -106,22 +106,22 @@ def test_every_file_is_indexed_and_the_skill_entry_is_its_frontmatter(library: P
 
 
 def test_a_capability_written_only_in_a_reference_file_is_found(library: Path) -> None:
-    hits = skills.find_skills(library, "how do I restore a backup in another region")
+    hits = kindex.find_skills(library, "how do I restore a backup in another region")
 
     assert hits[0].name == "data-services"
     assert hits[0].uri == "data-services/reference/backup.md" and hits[0].level == 2
     assert (hits[0].root_uri, hits[0].skill_md_uri) == ("data-services/", "data-services/SKILL.md")
     assert hits[0].description == "Manage data services."
     assert len({h.name for h in hits}) == len(hits)  # one hit per skill
-    deps = hits[0].dependencies
-    assert deps.skills == ("auth-helper", "vault-helper")  # transitive, cycle back to data-services ignored
-    assert deps.tools == ("psql", "vault") and deps.mcp == ("db-mcp", "vault-mcp")
+    hit = hits[0]
+    assert hit.skill_dependencies == ("auth-helper", "vault-helper")  # transitive, cycle back to data-services ignored
+    assert hit.tool_dependencies == ("psql", "vault") and hit.mcp_dependencies == ("db-mcp", "vault-mcp")
 
 
 def test_limit_counts_skills_and_levels_filter_before_grouping(library: Path) -> None:
     query = "data services backup restore region snapshot"
-    assert [h.name for h in skills.find_skills(library, query, limit=1)] == ["data-services"]
-    summaries = skills.find_skills(library, query, levels=[0])
+    assert [h.name for h in kindex.find_skills(library, query, limit=1)] == ["data-services"]
+    summaries = kindex.find_skills(library, query, levels=[0])
     assert summaries and all(h.level == 0 for h in summaries) and summaries[0].name == "data-services"
     assert summaries[0].uri in ("data-services/", "data-services/SKILL.md")
     result = CliRunner().invoke(main, ["find", str(library), query, "--json", "--level", "2"])
@@ -138,13 +138,13 @@ def test_import_installs_indexes_and_renames_on_conflict(library: Path, tmp_path
     )
     result = skills.import_skill(library, package)
     assert (result.name, result.replaced, result.renamed_from, result.files) == ("csv-tools", False, None, 2)
-    assert skills.find_skills(library, "fix mojibake encoding in csv files")[0].uri == "csv-tools/guide/encoding.md"
+    assert kindex.find_skills(library, "fix mojibake encoding in csv files")[0].uri == "csv-tools/guide/encoding.md"
 
     again = skills.import_skill(library, package)
     assert (again.name, again.renamed_from) == ("csv-tools-v2", "csv-tools")
     assert "name: csv-tools-v2" in (library / "csv-tools-v2" / "SKILL.md").read_text(encoding="utf-8")
     assert skills.import_skill(library, package).name == "csv-tools-v3"
-    assert skills.validate_skills(library) == [] and kindex.validate(library) == []
+    assert kindex.validate_skills(library) == [] and kindex.validate(library) == []
 
 
 @pytest.mark.parametrize(
@@ -165,7 +165,7 @@ def test_hostile_or_broken_archives_are_refused_and_touch_nothing(
     library: Path, files: dict[str, str], modes: dict[str, int] | None, message: str
 ) -> None:
     before = sorted(p.name for p in library.iterdir())
-    with pytest.raises(skills.SkillError, match=message):
+    with pytest.raises(kindex.SkillError, match=message):
         skills.import_skill(library, make_zip(files, modes=modes))
     assert sorted(p.name for p in library.iterdir()) == before
     assert not (library.parent / "evil").exists()
@@ -176,10 +176,10 @@ def test_hostile_or_broken_archives_are_refused_and_touch_nothing(
 def test_a_zip_bomb_is_refused_before_it_fills_the_disk(library: Path) -> None:
     bomb = make_zip({"s/SKILL.md": skill_md("s", "x"), "s/zeros.md": b"\0" * (2 * 1024 * 1024)})
     assert len(bomb) < 50_000
-    with pytest.raises(skills.SkillError, match="more than the limit of 1000000"):
+    with pytest.raises(kindex.SkillError, match="more than the limit of 1000000"):
         skills.import_skill(library, bomb, max_bytes=1_000_000)
     many = make_zip({"s/SKILL.md": skill_md("s", "x"), **{f"s/{i}.md": "x" for i in range(30)}})
-    with pytest.raises(skills.SkillError, match="31 files, more than the limit of 20"):
+    with pytest.raises(kindex.SkillError, match="31 files, more than the limit of 20"):
         skills.import_skill(library, many, max_files=20)
 
 
@@ -195,7 +195,7 @@ def test_a_failed_replace_restores_the_old_package_and_its_entries(
 
     monkeypatch.setattr(kindex.generate, "sub", failing_sub)
     with pytest.raises(
-        skills.SkillError,
+        kindex.SkillError,
         match="installing 'pdf-tools' failed and the previous state was restored: model exploded while indexing",
     ):
         skills.import_skill(library, package, replace=True)
@@ -223,10 +223,10 @@ def test_export_and_delete(library: Path, tmp_path: Path) -> None:
     assert not (library / "data-services").exists()
     root = orjson.loads((library / "index.json").read_bytes())
     assert "data-services" not in [t["dir"] for t in root["themes"]]
-    assert all(h.name != "data-services" for h in skills.find_skills(library, "restore a backup in another region"))
+    assert all(h.name != "data-services" for h in kindex.find_skills(library, "restore a backup in another region"))
 
     back = skills.import_skill(library, out.read_bytes())
-    assert back.name == "data-services" and skills.find_skills(library, "restore backup region")[0].name == back.name
+    assert back.name == "data-services" and kindex.find_skills(library, "restore backup region")[0].name == back.name
 
 
 def test_sync_sends_only_changes_and_lists_removed_skills(library: Path, tmp_path: Path) -> None:
@@ -276,7 +276,7 @@ def test_an_interrupted_sync_leaves_the_previous_skills_intact(
 def test_build_context_lists_the_chosen_skills_dependencies(library: Path) -> None:
     ctx = kindex.build_context(library, "how do I restore a backup in another region")
     assert ctx.items[0].path == "data-services/reference/backup.md"
-    assert ctx.skills[0] == {
+    assert ctx.skills[0].to_dict() == {
         "name": "data-services",
         "skill_dependencies": ["auth-helper", "vault-helper"],
         "tool_dependencies": ["psql", "vault"],
@@ -298,7 +298,7 @@ def test_replace_never_touches_a_folder_that_is_not_a_skill(library: Path) -> No
     kindex.reindex(library)
     package = make_zip({"billing/SKILL.md": skill_md("billing", "Billing helper.")})
 
-    with pytest.raises(skills.SkillError, match="not a skill: replacing it is refused"):
+    with pytest.raises(kindex.SkillError, match="not a skill: replacing it is refused"):
         skills.import_skill(library, package, replace=True)
 
     assert (library / "billing" / "refunds.md").read_text(encoding="utf-8").startswith("# Refunds")
@@ -313,13 +313,13 @@ def test_a_replaced_skill_stays_in_the_backup(library: Path) -> None:
 
 
 def test_one_keyword_finds_its_skill(library: Path) -> None:
-    assert skills.find_skills(library, "PDF")[0].uri.startswith("pdf-tools/")
-    assert skills.find_skills(library, "vault")[0].uri.startswith("vault-helper/")
+    assert kindex.find_skills(library, "PDF")[0].uri.startswith("pdf-tools/")
+    assert kindex.find_skills(library, "vault")[0].uri.startswith("vault-helper/")
 
 
 @pytest.mark.parametrize("manifest", [{"skills": 5}, {"skills": [{"name": ["x"], "version": "1"}]}, [1, 2]])
 def test_a_malformed_sync_manifest_is_a_clear_error(library: Path, tmp_path: Path, manifest: object) -> None:
-    with pytest.raises(skills.SkillError, match="sync manifest is malformed"):
+    with pytest.raises(kindex.SkillError, match="sync manifest is malformed"):
         skills.sync_skills(library, tmp_path / "ws", previous=manifest)  # type: ignore[arg-type]
 
 
@@ -360,7 +360,7 @@ def _broken_zips() -> dict[str, bytes]:
 @pytest.mark.parametrize("kind", list(_broken_zips()))
 def test_a_broken_zip_is_a_clear_error_and_changes_nothing(library: Path, kind: str) -> None:
     before = sorted(p.relative_to(library).as_posix() for p in library.rglob("*") if ".kindex" not in p.parts)
-    with pytest.raises(skills.SkillError):
+    with pytest.raises(kindex.SkillError):
         skills.import_skill(library, _broken_zips()[kind])
     after = sorted(p.relative_to(library).as_posix() for p in library.rglob("*") if ".kindex" not in p.parts)
     assert after == before
@@ -372,7 +372,7 @@ def test_a_symlinked_skill_folder_is_neither_exported_nor_synced(library: Path, 
     write(outside / "secret.md", "# secret\n\ntop secret\n")
     (library / "outside-skill").symlink_to(outside, target_is_directory=True)
 
-    with pytest.raises(skills.SkillError, match="no skill named 'outside-skill'"):
+    with pytest.raises(kindex.SkillError, match="no skill named 'outside-skill'"):
         skills.export_skill(library, "outside-skill")
     result = skills.sync_skills(library, tmp_path / "workspace")
     assert not (tmp_path / "workspace" / "outside-skill").exists()

@@ -6,9 +6,17 @@ from pathlib import Path
 import pytest
 
 from kindex import DocItem, Index, ThemeItem, parse_index
-from kindex.model import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
+from kindex.records import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
 from kindex.sanitize import doc_entry
 from kindex.store import Cache, atomic_write
+
+
+def _doc(path: str, title: str, summary: str, tags: tuple[str, ...] = (), paths: tuple[str, ...] = ()) -> DocItem:
+    return DocItem(path=path, title=title, summary=summary or title, tags=tags, paths=paths)
+
+
+def _theme(name: str, title: str, summary: str, tags: tuple[str, ...] = ()) -> ThemeItem:
+    return ThemeItem(dir=name, title=title, summary=summary or title, tags=tags)
 
 
 def test_field_bounds_are_enforced_on_model_answers() -> None:
@@ -38,8 +46,8 @@ def test_doc_entry_requires_a_title_and_summary_and_author_globs_win() -> None:
 
 def test_index_json_is_stable_and_readable() -> None:
     index = Index(
-        themes=(ThemeItem("b", "乙", "s"), ThemeItem("a", "甲", "s", ("x",))),
-        documents=(DocItem("z.md", "Z", "s"), DocItem("a.md", "A", "s", (), ("**/*.tsx",))),
+        themes=(_theme("b", "乙", "s"), _theme("a", "甲", "s", ("x",))),
+        documents=(_doc("z.md", "Z", "s"), _doc("a.md", "A", "s", (), ("**/*.tsx",))),
     )
     data = index.to_json()
     assert data == Index(themes=index.themes[::-1], documents=index.documents[::-1]).to_json()

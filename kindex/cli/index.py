@@ -11,8 +11,9 @@ import click
 import orjson
 
 from kindex import generate
-from kindex.commands.options import EXIT_PARTIAL, F, json_opt, kb_arg
+from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg
 from kindex.llm import RESPONSE_FORMATS, LLMSettings
+from kindex.results import RunReport
 from kindex.scan import DEFAULT_EXCERPT_CHARS
 from kindex.validate import validate as validate_kb
 
@@ -114,11 +115,11 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None]
             bar.close()
 
 
-def _emit(report: generate.RunReport, as_json: bool) -> None:
+def _emit(report: RunReport, as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:
-        u = report.usage
+        u = report
         cost = "cost unknown" if u.cost is None else f"cost ${u.cost:.4f}"
         tokens = f"{u.prompt_tokens + u.completion_tokens:,} tokens ({cost})" if u.calls else "no tokens"
         click.echo(
@@ -141,7 +142,7 @@ def _emit(report: generate.RunReport, as_json: bool) -> None:
         sys.exit(EXIT_PARTIAL)
 
 
-def _step(kw: dict[str, Any], call: Callable[[generate.Options], generate.RunReport]) -> None:
+def _step(kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
     as_json = kw.pop("as_json")
     with _progress_bar(True) as bar:
         opts = options_from(kw, bar)
@@ -168,12 +169,12 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
         if as_json:
             click.echo(orjson.dumps(plan.to_dict(), option=orjson.OPT_INDENT_2).decode())
             return
-        cost = "cost unknown" if plan.cost is None else f"about ${plan.cost:.4f}"
+        cost = "cost unknown" if plan.estimated_cost is None else f"about ${plan.estimated_cost:.4f}"
         click.echo(
-            f"dry run ({plan.generator}): {len(plan.calls)} model calls, {plan.cached} answers cached, "
-            f"~{plan.prompt_tokens:,} prompt + ~{plan.completion_tokens:,} answer tokens, {cost}"
+            f"dry run ({plan.generator}): {plan.calls} model calls, {plan.cached} answers cached, "
+            f"~{plan.estimated_prompt_tokens:,} prompt + ~{plan.estimated_completion_tokens:,} answer tokens, {cost}"
         )
-        for item in plan.calls:
+        for item in plan.items:
             click.echo(f"  call: {item}")
         return
     _step(kw, lambda o: generate.reindex(kb, o))

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from kindex import skills
-from kindex.commands.index import model_opts, options_from
-from kindex.commands.options import json_opt, kb_arg, print_json
+from kindex.cli.index import model_opts, options_from
+from kindex.cli.options import json_opt, kb_arg, print_json
+from kindex.kb import KnowledgeBase
+from kindex.skillmodel import validate_skills
 
 
 @click.command()
@@ -31,14 +33,14 @@ def find(kb: str, query: str, limit: int, levels: tuple[int, ...], as_json: bool
     Example:
       kindex find skills/ "跨区域备份怎么恢复" --limit 3
     """
-    hits = skills.find_skills(kb, query, limit=limit, levels=levels or None)
+    hits = KnowledgeBase(kb).find_skills(query, limit=limit, levels=levels or None)
     if as_json:
         print_json([h.to_dict() for h in hits])
         return
     if not hits:
         click.echo("no skill matches", err=True)
     for h in hits:
-        deps = f"  needs: {', '.join(h.dependencies.skills)}" if h.dependencies.skills else ""
+        deps = f"  needs: {', '.join(h.skill_dependencies)}" if h.skill_dependencies else ""
         click.echo(f"{h.score:7.2f}  {h.name}  ->  {h.uri} (level {h.level}){deps}")
 
 
@@ -52,7 +54,7 @@ def skills_group() -> None:
 @json_opt
 def validate_cmd(kb: str, as_json: bool) -> None:
     """Check every SKILL.md against the Agent Skills rules and the dependencies; exit 1 listing problems."""
-    problems = skills.validate_skills(kb)
+    problems = validate_skills(kb)
     if as_json:
         print_json({"ok": not problems, "problems": [{"file": p.file, "rule": p.rule} for p in problems]})
     else:

@@ -1,4 +1,4 @@
-"""The index model (SPEC §3): frozen records, their field bounds, and their JSON form.
+"""The index records (SPEC §3): the schema of ``index.json``, its field bounds, and its JSON form.
 
 Everything that enters an index goes through the ``clean_*`` helpers, so neither a model answer nor a hand-edited
 file can bloat an entry or smuggle in a field the contract does not have.
@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from kindex.errors import InvalidFileError
 from kindex.globs import normalize_path, usable_glob
 
-INDEX_VERSION = 1
+INDEX_VERSION: Literal[1] = 1
 INDEX_FILE = "index.json"
 
 TITLE_MAX = 80
@@ -24,10 +25,13 @@ SUMMARY_MAX = 400
 THEME_SUMMARY_MAX = 1024
 TAG_MAX = 32
 TAGS_MAX = 12
+# A skill's theme carries its tags and its allowed tools.
+THEME_TAGS_MAX = 24
 GLOB_MAX = 200
 GLOBS_MAX = 16
 QUESTION_MAX = 100
 QUESTIONS_MAX = 6
+PATH_MAX = 4096
 
 _SPACE = re.compile(r"\s+")
 # Unicode category Cc (C0 and C1 controls) except the white space that _SPACE folds.
@@ -107,19 +111,36 @@ def clean_globs(value: object) -> tuple[str, ...]:
     return _clean_list(value, _clean_glob, GLOBS_MAX)
 
 
-@dataclass(frozen=True, slots=True)
-class DocItem:
+_TEXT = r"^[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
+"""Single-line text that does not start with white space: what ``clean_text`` makes of anything non-empty."""
+_RECORD = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+
+
+Title = Annotated[str, StringConstraints(min_length=1, max_length=TITLE_MAX, pattern=_TEXT)]
+Summary = Annotated[str, StringConstraints(min_length=1, max_length=SUMMARY_MAX, pattern=_TEXT)]
+ThemeSummary = Annotated[str, StringConstraints(min_length=1, max_length=THEME_SUMMARY_MAX, pattern=_TEXT)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=TAG_MAX, pattern=_TEXT)]
+Question = Annotated[str, StringConstraints(min_length=1, max_length=QUESTION_MAX, pattern=_TEXT)]
+Glob = Annotated[str, StringConstraints(min_length=1, max_length=GLOB_MAX, pattern=_TEXT)]
+RelPath = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX)]
+
+
+class DocItem(BaseModel):
     """One document's entry. ``path`` is relative to the folder of the index file that holds it."""
 
-    path: str
-    title: str
-    summary: str
-    tags: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
-    questions: tuple[str, ...] = ()
+    model_config = _RECORD
+
+    path: RelPath
+    title: Title
+    summary: Summary
+    tags: Annotated[tuple[Tag, ...], Field(max_length=TAGS_MAX)] = ()
+    paths: Annotated[tuple[Glob, ...], Field(max_length=GLOBS_MAX)] = ()
+    """Globs of the files a conversation must touch for this entry to apply (SPEC §6.4); empty: always."""
+    questions: Annotated[tuple[Question, ...], Field(max_length=QUESTIONS_MAX)] = ()
     """Questions a user would ask that the document answers (SPEC §3): written for retrieval, never required."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as the contract writes it: ``paths`` and ``questions`` only when non-empty."""
         out: dict[str, Any] = {
             "path": self.path,
             "title": self.title,
@@ -133,22 +154,28 @@ class DocItem:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class ThemeItem:
+class ThemeItem(BaseModel):
     """One first-level topic folder's entry in the root index."""
 
-    dir: str
-    title: str
-    summary: str
-    tags: tuple[str, ...] = ()
-    index_file: str = ""
-    paths: tuple[str, ...] = ()
+    model_config = _RECORD
 
-    def __post_init__(self) -> None:
-        # index_file is always normalised to <dir>/index.json (SPEC §3), whatever was given.
-        object.__setattr__(self, "index_file", f"{self.dir}/{INDEX_FILE}")
+    dir: RelPath
+    title: Title
+    summary: ThemeSummary
+    tags: Annotated[tuple[Tag, ...], Field(max_length=THEME_TAGS_MAX)] = ()
+    index_file: str = ""
+    """Always ``<dir>/index.json`` (SPEC §3), whatever was given."""
+    paths: Annotated[tuple[Glob, ...], Field(max_length=GLOBS_MAX)] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise_index_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("dir"), str):
+            data = {**data, "index_file": f"{data['dir']}/{INDEX_FILE}"}
+        return data
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as the contract writes it: ``paths`` only when non-empty."""
         out: dict[str, Any] = {
             "dir": self.dir,
             "title": self.title,
@@ -161,20 +188,20 @@ class ThemeItem:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Index:
-    """A root index (themes and root documents) or a theme index (documents only)."""
+class Index(BaseModel):
+    """A root index (themes and root documents) or a theme index (documents only): the schema of ``index.json``."""
 
+    model_config = _RECORD
+
+    version: Literal[1] = INDEX_VERSION
     themes: tuple[ThemeItem, ...] = ()
     documents: tuple[DocItem, ...] = ()
-    version: int = field(default=INDEX_VERSION)
 
     def sorted(self) -> Index:
         """The same index in the contract's stable order: themes by dir, documents by path."""
         return Index(
             themes=tuple(sorted(self.themes, key=lambda t: t.dir)),
             documents=tuple(sorted(self.documents, key=lambda d: d.path)),
-            version=INDEX_VERSION,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,40 +220,63 @@ class Index:
         return next((d for d in self.documents if d.path == path), None)
 
 
+def doc_fields(obj: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The fields of a DocItem cleaned from loose data (title or summary may be empty); ``path`` is the caller's."""
+    return {
+        "path": path,
+        "title": clean_text(obj.get("title"), TITLE_MAX),
+        "summary": clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
+        "tags": clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
+        "paths": clean_globs(obj.get("paths")),
+        "questions": clean_questions(obj.get("questions")),
+    }
+
+
+def theme_fields(obj: Mapping[str, Any], dir_name: str) -> dict[str, Any]:
+    """The fields of a ThemeItem cleaned from loose data (title or summary may be empty); ``dir`` is kindex's."""
+    return {
+        "dir": dir_name,
+        "title": clean_text(obj.get("title"), TITLE_MAX),
+        "summary": clean_text(obj.get("summary") or obj.get("description"), THEME_SUMMARY_MAX),
+        "tags": clean_tags(
+            obj.get("tags") if obj.get("tags") is not None else obj.get("keywords"), limit=THEME_TAGS_MAX
+        ),
+        "paths": clean_globs(obj.get("paths")),
+    }
+
+
+def _filled(fields: dict[str, Any], name: str) -> dict[str, Any]:
+    # An entry always has a title and a summary: a blank one becomes the file's name, then the title.
+    title = fields["title"] or clean_text(name.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0], TITLE_MAX) or "?"
+    return {**fields, "title": title, "summary": fields["summary"] or title}
+
+
 def doc_item_from(obj: Mapping[str, Any], path: str) -> DocItem:
     """A bounded DocItem from loose data; ``path`` is always the caller's, never the data's."""
-    return DocItem(
-        path=path,
-        title=clean_text(obj.get("title"), TITLE_MAX),
-        summary=clean_text(obj.get("summary") or obj.get("description"), SUMMARY_MAX),
-        tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
-        paths=clean_globs(obj.get("paths")),
-        questions=clean_questions(obj.get("questions")),
-    )
+    return DocItem(**_filled(doc_fields(obj, path), path))
 
 
 def theme_item_from(obj: Mapping[str, Any], dir_name: str) -> ThemeItem:
     """A bounded ThemeItem from loose data; ``dir`` and ``index_file`` are always kindex's."""
-    return ThemeItem(
-        dir=dir_name,
-        title=clean_text(obj.get("title"), TITLE_MAX),
-        summary=clean_text(obj.get("summary") or obj.get("description"), THEME_SUMMARY_MAX),
-        tags=clean_tags(obj.get("tags") if obj.get("tags") is not None else obj.get("keywords")),
-        paths=clean_globs(obj.get("paths")),
-    )
+    return ThemeItem(**_filled(theme_fields(obj, dir_name), dir_name))
 
 
 def parse_index(data: bytes) -> tuple[Index, list[str]]:
     """Read an index file's bytes leniently: the entries that make sense, and a list of what did not.
 
-    Raises ``ValueError`` when the bytes are not a JSON object at all.
+    A file that holds to the schema is read as it is; any other is cleaned entry by entry. Raises
+    :class:`InvalidFileError` when the bytes are not a JSON object at all.
     """
+    try:
+        return Index.model_validate_json(data), []
+    except ValidationError:
+        pass
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc})") from None
+        raise InvalidFileError(f"not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
+        raise InvalidFileError("not a JSON object")
     problems: list[str] = []
     if obj.get("version") != INDEX_VERSION:
         problems.append(f"version is {obj.get('version')!r}, expected {INDEX_VERSION}")
@@ -256,3 +306,20 @@ def _list_field(obj: Mapping[str, Any], name: str, problems: list[str]) -> list[
         problems.append(f"{name!r} is not a list")
         return []
     return value
+
+
+def schema_errors(data: bytes) -> list[str]:
+    """Every way ``data`` breaks the schema of ``index.json`` (:class:`Index`), as readable sentences."""
+    try:
+        Index.model_validate_json(data)
+    except ValidationError as exc:
+        return [_sentence(e["loc"], e["type"], e["msg"]) for e in exc.errors()]
+    return []
+
+
+def _sentence(loc: tuple[int | str, ...], kind: str, message: str) -> str:
+    where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
+    if kind == "extra_forbidden":
+        parent = where.rsplit(".", 1)[0] if "." in where else "the file"
+        return f"{parent}: a key the contract does not have: {str(loc[-1])!r}"
+    return f"{where or 'the file'} breaks the contract: {message}"

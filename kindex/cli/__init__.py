@@ -13,36 +13,29 @@ from typing import Any
 import click
 import orjson
 
-from kindex.commands.options import EXIT_INTERRUPTED
-from kindex.errors import InterruptedRun, KindexError, UsageError
-
-# Each command's module is imported only when that command runs (click's lazy sub-commands), so `kindex context`
-# loads the retrieval path alone, not generation, the model adapter or the server.
-_COMMANDS = {
-    "reindex": "kindex.commands.index:reindex",
-    "root": "kindex.commands.index:root",
-    "sub": "kindex.commands.index:sub",
-    "doc": "kindex.commands.index:doc_cmd",
-    "preview": "kindex.commands.index:preview",
-    "validate": "kindex.commands.index:validate",
-    "context": "kindex.commands.context:context",
-    "serve": "kindex.commands.serve:serve",
-    "find": "kindex.commands.skills:find",
-    "skills": "kindex.commands.skills:skills_group",
-}
+from kindex.cli.options import EXIT_INTERRUPTED
+from kindex.errors import KindexError
 
 
 class _Group(click.Group):
-    """Loads commands lazily and maps the core's errors to click's in one place: usage errors exit 2, every other
-    failure exits 1."""
+    """Loads commands lazily (``add_lazy_command``) and maps the core's errors to exit statuses in one place, from the
+    ``exit_code`` each error class carries."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy: dict[str, str] = {}
+
+    def add_lazy_command(self, name: str, target: str) -> None:
+        """Register ``name`` as the command at ``target`` (``module:attribute``), imported only when it runs."""
+        self._lazy[name] = target
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(_COMMANDS)
+        return [*self._lazy, *super().list_commands(ctx)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = _COMMANDS.get(cmd_name)
+        target = self._lazy.get(cmd_name)
         if target is None:
-            return None
+            return super().get_command(ctx, cmd_name)
         module, name = target.split(":")
         command = getattr(importlib.import_module(module), name)
         assert isinstance(command, click.Command)
@@ -52,18 +45,20 @@ class _Group(click.Group):
         as_json = "--json" in ctx.args  # the sub-command's own arguments
         try:
             return super().invoke(ctx)
-        except UsageError as exc:
-            raise click.UsageError(exc.message) from None
-        except InterruptedRun as exc:
-            click.echo(f"kindex: {exc.message}", err=True)
-            sys.exit(EXIT_INTERRUPTED)
         except KeyboardInterrupt:  # Ctrl-C before a run started (while loading, scanning): nothing was written
             click.echo("kindex: interrupted; nothing was written", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except KindexError as exc:
+            # Each error class carries its exit status: usage errors exit 2 (with click's usage hint), an
+            # interrupted run 130, every other failure 1.
+            if exc.exit_code == click.UsageError.exit_code:
+                raise click.UsageError(exc.message) from None
             if as_json:  # a script reading stdout gets an answer it can parse, failures included
                 error = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
                 click.echo(orjson.dumps(error, option=orjson.OPT_INDENT_2).decode())
+            if exc.exit_code != 1:
+                click.echo(f"kindex: {exc.message}", err=True)
+                sys.exit(exc.exit_code)
             raise click.ClickException(exc.message) from None
 
 
@@ -86,5 +81,18 @@ def main() -> None:
     """
 
 
-if __name__ == "__main__":
-    main()
+# Each command's module is imported only when that command runs, so `kindex context` loads the retrieval path
+# alone, not generation, the model adapter or the server.
+for _name, _target in {
+    "reindex": "kindex.cli.index:reindex",
+    "root": "kindex.cli.index:root",
+    "sub": "kindex.cli.index:sub",
+    "doc": "kindex.cli.index:doc_cmd",
+    "preview": "kindex.cli.index:preview",
+    "validate": "kindex.cli.index:validate",
+    "context": "kindex.cli.context:context",
+    "serve": "kindex.cli.serve:serve",
+    "find": "kindex.cli.skills:find",
+    "skills": "kindex.cli.skills:skills_group",
+}.items():
+    main.add_lazy_command(_name, _target)

@@ -8,14 +8,15 @@ from typing import TextIO
 import click
 import orjson
 
-from kindex.commands.options import json_opt, kb_arg
+from kindex.cli.options import json_opt, kb_arg
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_FALLBACK_DOCS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
-    build_context,
+    Retriever,
 )
+from kindex.skillmodel import SkillShelf
 
 
 @click.command()
@@ -86,8 +87,9 @@ def context(
         message = sys.stdin.read()
     elif message is None:
         raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
-    ctx = build_context(
-        kb,
+    # The retriever and the skill shelf alone, not the whole KB handle: a one-shot command loads only the read path.
+    retriever = Retriever(kb)
+    ctx = retriever.context(
         message,
         paths=paths,
         budget_tokens=budget,
@@ -95,6 +97,8 @@ def context(
         min_relevance=min_relevance,
         fallback_docs=fallback_docs or DEFAULT_FALLBACK_DOCS,
     )
+    if retriever.skill_library:
+        ctx = SkillShelf(kb).attach(ctx)
     if as_json:
         click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -1,1 +1,0 @@
-"""Command groups of the ``kindex`` CLI that live outside ``kindex.cli``."""

@@ -1,0 +1,141 @@
+"""Fitting a document into a token budget: whole lines and whole fenced blocks, the head plus matching sections.
+
+A cut never lands inside a fenced code block (CommonMark fences, shared with the scan), and a first block larger
+than the budget is cut at a line, then at a character, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kindex.analysis import normalize
+from kindex.markdown import Line
+from kindex.markdown import lines as markdown_lines
+from kindex.tokenize import char_counts, estimate_tokens, tokens_of
+
+OMITTED_MARK = "\n\n[…]\n\n"
+
+SECTION_SCAN_CHARS = 20_000
+"""Characters of each section looked at to tell whether it matches the question: bounded work per request."""
+
+
+def _costs(lines: Sequence[Line]) -> list[int]:
+    """Cumulative token estimates: ``cum[i]`` is exactly ``estimate_tokens`` of the first ``i`` lines."""
+    cum = [0]
+    cjk = other = 0
+    for line in lines:
+        c, o = char_counts(line.text)
+        cjk, other = cjk + c, other + o
+        cum.append(tokens_of(cjk, other))
+    return cum
+
+
+def _char_cut(line: str, budget: int) -> str:
+    """The longest start of one oversized line within ``budget`` tokens, ending at a sentence end if that keeps
+    most of it (a last resort: never inside a character)."""
+    part = line[: max(budget, 0) * 4]
+    while part and estimate_tokens(part) > budget:
+        part = part[: len(part) * 3 // 4]
+    end = max(part.rfind(mark) for mark in "。！？.!?;；")
+    return part[: end + 1] if end >= len(part) // 2 else part
+
+
+def _cut(text: str, budget: int) -> str | None:
+    """The longest start of ``text`` within ``budget`` tokens, cut where a reader expects it.
+
+    Before a paragraph or a heading when that keeps at least half of what fits; else at a line outside code
+    blocks; inside a code block larger than the room left, at a line, with the block closed by its own fence; and
+    into one oversized line (a 40,000-character paragraph) at a sentence end or a character. ``None`` when not
+    even a character fits.
+    """
+    if estimate_tokens(text) <= budget:
+        return text
+    lines = markdown_lines(text)
+    cum = _costs(lines)
+    k = 0  # the most lines that fit
+    while k < len(lines) and cum[k + 1] <= budget:
+        k += 1
+    # A cut before line i is inside a code block when one is open after line i - 1.
+    inside = [False] + [ln.open_after for ln in lines]
+    block = line = 0
+    for i in range(1, k + 1):
+        if not inside[i]:
+            line = i
+            starts_block = i == len(lines) or lines[i].heading is not None or lines[i - 1].blank
+            if starts_block:
+                block = i
+    choice = block if block and cum[block] * 2 >= cum[line] else line
+    closing = ""
+    if cum[choice] * 2 < cum[k] and inside[k]:  # a code block bigger than the room: cut in it, then close it
+        fence = lines[k - 1].fence or "```"
+        closing = "\n" + fence
+        choice = k
+        while choice and cum[choice] + estimate_tokens(closing) > budget:
+            choice -= 1
+    kept = text[: lines[choice].start].rstrip() if choice < len(lines) else text.rstrip()
+    room = budget - cum[choice] - estimate_tokens(closing) - 1
+    if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
+        kept = (kept + "\n" if kept else "") + _char_cut(lines[k].text, room)
+    return (kept + closing).strip("\n") or None
+
+
+def cut_to_budget(text: str, budget_tokens: int) -> str | None:
+    """The longest start of ``text`` that fits ``budget_tokens``, cut at a paragraph, heading or line boundary.
+
+    Never inside a character, never inside a fenced code block (one larger than the budget is closed after the
+    cut). ``None`` when nothing fits.
+    """
+    return _cut(text, budget_tokens)
+
+
+def fit_to_budget(text: str, budget: int, terms: Sequence[str]) -> str | None:
+    """``text`` within ``budget`` tokens: its head, then the sections that match the question best.
+
+    A long document is rarely about the question from its first line on: the matching sections are what the
+    agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
+    """
+    lines = markdown_lines(text)
+    starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
+    bounds = [0, *starts, len(lines)]
+    edges = [ln.start for ln in lines] + [len(text)]
+    sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
+    wanted = set(terms)
+    if len(sections) < 2 or not wanted:
+        return _cut(text, budget)
+    scores = []
+    for i, (s, e) in enumerate(sections[1:], start=1):
+        sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
+        hits = sum(1 for t in wanted if t in sample)
+        if hits:
+            scores.append((hits, i))
+    if not scores:
+        return _cut(text, budget)
+    scores.sort(key=lambda x: (-x[0], x[1]))
+    gap = estimate_tokens(OMITTED_MARK)
+    head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
+    chosen: dict[int, str] = {0: head} if head else {}
+    left = budget - (estimate_tokens(head) if head else 0)
+    for _, i in scores:
+        s, e = sections[i]
+        piece = text[s:e].rstrip()
+        cost = estimate_tokens(piece) + gap
+        if cost <= left:
+            chosen[i] = piece
+            left -= cost
+        elif len(chosen) <= 1:  # the best section does not fit whole: hand over its start
+            part = _cut(piece, left - gap)
+            if part:
+                chosen[i] = part
+            break
+    out = ""
+    for i in sorted(chosen):
+        whole_before = i - 1 in chosen and chosen[i - 1] == text[sections[i - 1][0] : sections[i - 1][1]].rstrip()
+        if out:
+            out += "\n\n" if whole_before else OMITTED_MARK
+        out += chosen[i]
+    return out or None
+
+
+def one_line(value: str) -> str:
+    """A title or path as one line of the header: a newline in a file name must not forge prompt lines."""
+    return value.replace("\r", "\\r").replace("\n", "\\n")

@@ -1,0 +1,283 @@
+"""The KB handle: one knowledge folder with its settings, its loaded tables, its skills and its write lock.
+
+:class:`KnowledgeBase` is what an application keeps per KB: retrieval reuses the tables it loaded (and reloads them
+when the index changes on disk), skill searches reuse the skills it read, and writers of one handle take turns.
+Every method has an ``async`` twin (``acontext``, ``areindex``…) that runs the work on a worker thread, so it can be
+awaited inside a running event loop without blocking it. The module-level functions (``kindex.build_context``,
+``kindex.search``, ``kindex.find_skills``) are thin wrappers over a small, bounded set of handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kindex import generate, skills
+from kindex.generate import Options
+from kindex.results import Context, ContextItem, ImportResult, Plan, Preview, RunReport, SkillHit, SyncResult
+from kindex.retrieve import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_FALLBACK_DOCS,
+    DEFAULT_MAX_DOCS,
+    DEFAULT_MIN_RELEVANCE,
+    Retriever,
+    check_relevance,
+)
+from kindex.skillmodel import Problem, SkillShelf, is_skill_library
+from kindex.validate import validate
+
+T = TypeVar("T")
+
+MAX_HANDLES = 32
+"""KBs whose tables the module-level functions keep loaded at once (least recently used ones are dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How a KB is indexed (``generation``: model, concurrency…) and how its context is built by default."""
+
+    generation: Options = field(default_factory=Options)
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS
+    max_docs: int = DEFAULT_MAX_DOCS
+    fallback_docs: tuple[str, ...] = DEFAULT_FALLBACK_DOCS
+    min_relevance: float = DEFAULT_MIN_RELEVANCE
+
+    def check(self) -> None:
+        """:class:`kindex.UsageError` for a setting that cannot be meant."""
+        self.generation.check()
+        check_relevance(self.min_relevance)
+
+
+class KnowledgeBase:
+    """One knowledge folder: index it, build contexts from it, and (for a skill library) manage its skills."""
+
+    def __init__(self, path: str | os.PathLike[str], settings: Settings | None = None) -> None:
+        self.path = Path(path).resolve()
+        self.settings = settings or Settings()
+        self.settings.check()
+        self._retriever: Retriever | None = None
+        self._skills = SkillShelf(self.path)
+        self._state = threading.Lock()
+        self._writing = threading.Lock()
+        """Writers of this handle take turns; other processes are kept out by the KB's file lock."""
+
+    def __repr__(self) -> str:
+        return f"KnowledgeBase({str(self.path)!r})"
+
+    # -- retrieval ------------------------------------------------------------------------------------------------
+
+    @property
+    def retriever(self) -> Retriever:
+        """The KB's loaded search tables (loaded on first use; :class:`kindex.KBNotFoundError` without a folder)."""
+        with self._state:
+            if self._retriever is None:
+                self._retriever = Retriever(self.path)
+            return self._retriever
+
+    def context(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        budget_tokens: int | None = None,
+        max_docs: int | None = None,
+        fallback_docs: Sequence[str] | None = None,
+        min_relevance: float | None = None,
+    ) -> Context:
+        """BuildContext: the documents ``message`` is about, as prompt text (see :meth:`Retriever.context`).
+
+        Options left ``None`` come from the handle's settings. In a skill library the result also names each
+        chosen skill with what it needs (skills, tools, MCP servers).
+        """
+        s = self.settings
+        ctx = self.retriever.context(
+            message,
+            paths=paths,
+            budget_tokens=s.budget_tokens if budget_tokens is None else budget_tokens,
+            max_docs=s.max_docs if max_docs is None else max_docs,
+            fallback_docs=s.fallback_docs if fallback_docs is None else fallback_docs,
+            min_relevance=s.min_relevance if min_relevance is None else min_relevance,
+        )
+        return self._skills.attach(ctx) if self.retriever.skill_library else ctx
+
+    def search(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        limit: int | None = 10,
+        themes: bool = False,
+        explain: bool = True,
+        min_relevance: float | None = None,
+    ) -> list[ContextItem]:
+        """The ranked entries for ``message`` without reading documents (see :meth:`Retriever.search`)."""
+        return self.retriever.search(
+            message,
+            paths=paths,
+            limit=limit,
+            themes=themes,
+            explain=explain,
+            min_relevance=self.settings.min_relevance if min_relevance is None else min_relevance,
+        )
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    def preview(self) -> Preview:
+        """The scan and the size of a full run; no model call."""
+        return generate.preview(self.path, self.settings.generation)
+
+    def dry_run(self) -> Plan:
+        """What :meth:`reindex` would send to the model, without sending it."""
+        return generate.dry_run(self.path, self.settings.generation)
+
+    def reindex(self, options: Options | None = None) -> RunReport:
+        """The whole pipeline: root index, every theme's documents, the theme indexes."""
+        return self._write(lambda o: generate.reindex(self.path, o), options)
+
+    def root(self, options: Options | None = None) -> RunReport:
+        """Write the root ``index.json`` only."""
+        return self._write(lambda o: generate.root(self.path, o), options)
+
+    def sub(self, dir_name: str, options: Options | None = None) -> RunReport:
+        """Write one theme's ``index.json``."""
+        return self._write(lambda o: generate.sub(self.path, dir_name, o), options)
+
+    def doc(self, dir_name: str, path: str, *, clear_dir: bool = False, options: Options | None = None) -> RunReport:
+        """Merge one document's entry into its theme's ``index.json``."""
+        return self._write(lambda o: generate.doc(self.path, dir_name, path, o, clear_dir=clear_dir), options)
+
+    def validate(self) -> list[str]:
+        """Every way the KB's index files break the contract; empty when all is well."""
+        return validate(self.path)
+
+    # -- skills ---------------------------------------------------------------------------------------------------
+
+    @property
+    def is_skill_library(self) -> bool:
+        return is_skill_library(self.path)
+
+    def find_skills(self, query: str, *, limit: int = 10, levels: Iterable[int] | None = None) -> list[SkillHit]:
+        """One best hit per skill for ``query``, best first (see :func:`kindex.skills.find_skills`)."""
+        known, _ = self._skills.load()
+        return skills.find_skills(self.retriever, known, query, limit=limit, levels=levels)
+
+    def validate_skills(self) -> list[Problem]:
+        """Every Agent Skills rule the library breaks, with the file."""
+        return self._skills.load()[1]
+
+    def import_skill(self, data: bytes, *, replace: bool = False, **limits: int) -> ImportResult:
+        """Install a one-skill ZIP and index it (see :func:`kindex.skills.import_skill`)."""
+        return self._write(lambda o: skills.import_skill(self.path, data, replace=replace, options=o, **limits))
+
+    def export_skill(self, name: str) -> bytes:
+        """The skill ``name`` as a ZIP."""
+        return skills.export_skill(self.path, name)
+
+    def delete_skill(self, name: str) -> None:
+        """Remove a skill and its entries."""
+        self._write(lambda o: skills.delete_skill(self.path, name, o))
+
+    def sync_skills(self, dest: str | os.PathLike[str] | None, **kw: Any) -> SyncResult:
+        """Copy changed skills to ``dest`` or a ZIP (see :func:`kindex.skills.sync_skills`)."""
+        return skills.sync_skills(self.path, dest, **kw)
+
+    # -- async twins ----------------------------------------------------------------------------------------------
+
+    async def acontext(self, message: str, **kw: Any) -> Context:
+        """:meth:`context` on a worker thread: awaitable inside a running event loop."""
+        return await asyncio.to_thread(lambda: self.context(message, **kw))
+
+    async def asearch(self, message: str, **kw: Any) -> list[ContextItem]:
+        """:meth:`search` on a worker thread."""
+        return await asyncio.to_thread(lambda: self.search(message, **kw))
+
+    async def afind_skills(self, query: str, **kw: Any) -> list[SkillHit]:
+        """:meth:`find_skills` on a worker thread."""
+        return await asyncio.to_thread(lambda: self.find_skills(query, **kw))
+
+    async def areindex(self) -> RunReport:
+        """:meth:`reindex` on a worker thread. Cancelling the awaiting task cancels the run: it stops before its
+        next write, so every index file stays as it was or complete."""
+        return await self._awrite(lambda o: generate.reindex(self.path, o))
+
+    async def aroot(self) -> RunReport:
+        """:meth:`root` on a worker thread (cancellable like :meth:`areindex`)."""
+        return await self._awrite(lambda o: generate.root(self.path, o))
+
+    async def asub(self, dir_name: str) -> RunReport:
+        """:meth:`sub` on a worker thread (cancellable like :meth:`areindex`)."""
+        return await self._awrite(lambda o: generate.sub(self.path, dir_name, o))
+
+    async def adoc(self, dir_name: str, path: str, *, clear_dir: bool = False) -> RunReport:
+        """:meth:`doc` on a worker thread (cancellable like :meth:`areindex`)."""
+        return await self._awrite(lambda o: generate.doc(self.path, dir_name, path, o, clear_dir=clear_dir))
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+
+    def _write(self, step: Callable[[Options], T], options: Options | None = None) -> T:
+        with self._writing:
+            return step(options or self.settings.generation)
+
+    async def _awrite(self, step: Callable[[Options], T]) -> T:
+        cancel = threading.Event()
+        options = replace(self.settings.generation, cancel=cancel)
+        running = asyncio.ensure_future(asyncio.to_thread(self._write, step, options))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            cancel.set()  # the thread cannot be interrupted; it stops before its next model call or write
+            raise
+
+
+class _Handles:
+    """The handles the module-level functions use: at most :data:`MAX_HANDLES`, least recently used dropped."""
+
+    def __init__(self, limit: int = MAX_HANDLES) -> None:
+        self._handles: OrderedDict[Path, KnowledgeBase] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, path: str | os.PathLike[str]) -> KnowledgeBase:
+        key = Path(path).resolve()
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = self._handles[key] = KnowledgeBase(key)
+                while len(self._handles) > self._limit:
+                    self._handles.popitem(last=False)
+            else:
+                self._handles.move_to_end(key)
+            return handle
+
+    def clear(self) -> None:
+        with self._lock:
+            self._handles.clear()
+
+
+_HANDLES = _Handles()
+
+
+def build_context(kb: str | os.PathLike[str], message: str, **kw: Any) -> Context:
+    """BuildContext on the KB at ``kb`` (:meth:`KnowledgeBase.context`; its tables stay loaded between calls)."""
+    return _HANDLES.get(kb).context(message, **kw)
+
+
+def search(kb: str | os.PathLike[str], message: str, **kw: Any) -> list[ContextItem]:
+    """The ranked entries of the KB at ``kb`` for ``message`` (:meth:`KnowledgeBase.search`)."""
+    return _HANDLES.get(kb).search(message, **kw)
+
+
+def find_skills(kb: str | os.PathLike[str], query: str, **kw: Any) -> list[SkillHit]:
+    """One best hit per skill of the library at ``kb`` (:meth:`KnowledgeBase.find_skills`)."""
+    return _HANDLES.get(kb).find_skills(query, **kw)
+
+
+def clear_cache() -> None:
+    """Forget every handle the module-level functions keep (their next call loads from disk)."""
+    _HANDLES.clear()

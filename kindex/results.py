@@ -1,0 +1,193 @@
+"""What kindex's operations return: the one definition of each result shape.
+
+These records are at once the library's return values, the ``--json`` output of the CLI and the HTTP service's
+response bodies (its OpenAPI document is generated from them). Their fields are their JSON form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from kindex.tokenize import estimate_tokens
+
+_RESULT = ConfigDict(frozen=True, extra="forbid")
+
+
+class Result(BaseModel):
+    """Base of the result records: frozen, and ``to_dict`` gives their JSON form."""
+
+    model_config = _RESULT
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class Skipped(Result):
+    """A file the scan did not take (or took with a warning), and why."""
+
+    path: str
+    reason: str
+
+
+class Failure(Result):
+    """A document whose model answer failed; it got a stand-in entry."""
+
+    path: str
+    reason: str
+
+
+class StepProgress(Result):
+    completed: int
+    total: int
+
+
+class RunReport(Result):
+    """What a step did: progress, calls, cache hits, failures, tokens, cost and files written."""
+
+    step: str
+    generator: str = Field(description="`extractive` (offline) or `llm:<model>`.")
+    offline: bool
+    progress: StepProgress
+    calls: int = Field(description="Model calls made.")
+    cache_hits: int = Field(description="Answers reused from the cache (not paid again).")
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None = Field(description="USD, when litellm knows the model's price.")
+    failures: tuple[Failure, ...] = Field(description="Documents whose model answers failed; they got a stand-in.")
+    notes: tuple[str, ...]
+    written: tuple[str, ...] = Field(description="Index files replaced (KB-relative).")
+    skipped: tuple[Skipped, ...] = Field(description="Files the scan did not take, and why.")
+    wall_seconds: float
+
+    @property
+    def completed(self) -> int:
+        return self.progress.completed
+
+    @property
+    def total(self) -> int:
+        return self.progress.total
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @field_serializer("wall_seconds")
+    def _round_seconds(self, value: float) -> float:
+        return round(value, 3)
+
+
+class TokenEstimate(Result):
+    prompt: int
+    completion: int
+    calls: int
+
+
+class Preview(Result):
+    """The scan of a KB as the generation steps will see it, with the size of a full run (no model call)."""
+
+    kb: str
+    steps_total: int = Field(description="1 (root) + the number of theme documents.")
+    top_dirs: tuple[str, ...]
+    top_dir_docs: dict[str, tuple[str, ...]]
+    root_docs: tuple[str, ...]
+    llm_configured: bool
+    model: str | None
+    skipped: tuple[Skipped, ...]
+    warnings: tuple[Skipped, ...]
+    estimated_tokens: TokenEstimate
+
+
+class Plan(Result):
+    """What a run would do: which items need a model call, and what that should cost."""
+
+    generator: str
+    calls: int
+    items: tuple[str, ...]
+    cached: int
+    estimated_prompt_tokens: int
+    estimated_completion_tokens: int
+    estimated_cost: float | None
+
+
+class ContextItem(Result):
+    """One chosen document (or theme) and why it was chosen."""
+
+    path: str
+    level: str
+    score: float
+    title: str
+    abstract: str
+    reason: str = Field(description="`matched`, `scope glob <glob>` or `fallback`.")
+    matched: tuple[str, ...] = ()
+    truncated: bool = False
+    tokens: int = 0
+
+    @field_serializer("score")
+    def _round_score(self, value: float) -> float:
+        return round(value, 4)
+
+
+class SkillClosure(Result):
+    """A chosen skill and everything it needs, transitively: skills in load order, tools, MCP servers."""
+
+    name: str
+    skill_dependencies: tuple[str, ...]
+    tool_dependencies: tuple[str, ...]
+    mcp_dependencies: tuple[str, ...]
+
+
+class Context(Result):
+    """What BuildContext hands the agent: the prompt text and the items it was assembled from."""
+
+    text: str = Field(description="The prompt text: each chosen document under a header naming its path.")
+    items: tuple[ContextItem, ...]
+    fallback: bool
+    reason: str
+    missing: tuple[str, ...] = ()
+    tokens: int = Field(default=0, description="Estimated tokens of `text`.")
+    budget_tokens: int
+    skills: tuple[SkillClosure, ...] = Field(
+        default=(), description="In a skill library: chosen skills and what they need."
+    )
+
+    def model_post_init(self, context: Any, /) -> None:
+        # The estimate is part of the record, never passed in: it always describes ``text``.
+        object.__setattr__(self, "tokens", estimate_tokens(self.text))
+
+
+class SkillHit(Result):
+    """A skill and the entry of it that best matched the query."""
+
+    name: str
+    description: str
+    root_uri: str
+    skill_md_uri: str
+    uri: str = Field(description="KB-relative path of the best-matching entry of this skill.")
+    level: int
+    score: float
+    abstract: str
+    skill_dependencies: tuple[str, ...] = Field(description="Transitive skill dependencies, in load order.")
+    tool_dependencies: tuple[str, ...]
+    mcp_dependencies: tuple[str, ...]
+
+    @field_serializer("score")
+    def _round_score(self, value: float) -> float:
+        return round(value, 4)
+
+
+class ImportResult(Result):
+    name: str
+    replaced: bool
+    renamed_from: str | None
+    files: int
+    report: RunReport | None
+
+
+class SyncResult(Result):
+    synced: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    removed: tuple[str, ...]
+    manifest: dict[str, Any]

@@ -1,0 +1,81 @@
+"""The application: :func:`create_app` wires the state, the routes, the error handlers and the body limit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+import kindex
+from kindex import generate
+from kindex.errors import UsageError
+from kindex.llm import LLMSettings
+from kindex.server import routes
+from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
+from kindex.server.schemas import ErrorResponse
+from kindex.server.state import ServerState, loopback
+from kindex.server.tasks import DEFAULT_TASK_WORKERS, Tasks
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": desc}
+    for status, desc in (
+        (400, "Malformed request body (`invalid_request`)."),
+        (401, "Missing or wrong bearer token (`unauthorized`)."),
+        (403, "Without a token: a request not to and from this machine (`forbidden`)."),
+        (404, "Unknown KB, theme, document or task."),
+        (409, "The agent's KB is busy, has no index, or the task was cancelled."),
+        (413, "Request body too large."),
+        (422, "Invalid request (`invalid_request`)."),
+        (502, "The model could not be used (`model_error`)."),
+    )
+}
+
+
+def create_app(
+    kb_root: str | Path,
+    *,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    llm: LLMSettings | None = None,
+    concurrency: int = generate.DEFAULT_CONCURRENCY,
+    task_workers: int = DEFAULT_TASK_WORKERS,
+) -> FastAPI:
+    """The FastAPI application serving the KBs under ``kb_root`` (``<kb_root>/<agent_id>/``).
+
+    Without a ``token`` the app serves this machine only: it refuses to be created for a non-loopback ``host``
+    (the address it will be bound to), and it answers 403 to a request that arrives on a non-loopback socket or
+    names another host, whatever server runs it.
+    """
+    if token is None and not loopback(host):
+        raise UsageError(f"refusing to serve on {host} without an API token: set a token, or bind to 127.0.0.1")
+    if token is not None and not token.strip():
+        raise UsageError("the API token is empty: set a real token, or none to serve this machine only")
+    root = Path(kb_root).resolve()
+    tasks = Tasks(task_workers)
+    options = generate.Options(llm=llm or LLMSettings.from_env(), concurrency=concurrency)
+    options.check()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(tasks.shutdown)
+
+    app = FastAPI(
+        title="kindex",
+        version=kindex.__version__,
+        description="Two-layer index and retrieval over each agent's Markdown knowledge folder.",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.state.kindex = ServerState(root=root, token=token, options=options, tasks=tasks)
+    app.state.tasks = tasks
+    app.state.kb_root = root
+    for router in (routes.knowledge, routes.skills_router, routes.tasks_router, routes.health):
+        app.include_router(router)
+    install_handlers(app)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    return app

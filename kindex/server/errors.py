@@ -1,0 +1,164 @@
+"""Errors as the HTTP service answers them: ``{"error": {"code", "message"}}`` with the status the error class
+carries (:mod:`kindex.errors`), core messages rewritten for an HTTP client, and the body size limit."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from kindex.errors import (
+    BusyError,
+    InternalError,
+    KindexError,
+    MethodNotAllowedError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    UnauthorizedError,
+    UsageError,
+)
+from kindex.server.logs import log_access
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_BODY_BYTES = 256 * 1024
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # skill ZIP uploads; what they unpack to is limited separately
+log = logging.getLogger("kindex.server")
+
+_PID_HOST = re.compile(r", pid \d{1,10} on [^,;)]{1,255}")
+_CLI_ADVICE = re.compile(r"`kindex (reindex|root|sub|doc)[^`]{0,300}`")
+
+
+def for_http(message: str, root: Path, agent_id: str | None) -> str:
+    """A core error message as an HTTP client should read it: paths relative to the agents' folder, no process id
+    or host name of the server, and the route to call instead of the command to type."""
+    message = message[:2000].replace(f"{root}/", "").replace(str(root), "the agents' folder")
+    message = _PID_HOST.sub("", message)
+    agent = agent_id if isinstance(agent_id, str) and AGENT_ID.fullmatch(agent_id) else "{agent_id}"
+    routes = {"reindex": "reindex", "root": "reindex/root", "sub": "reindex/sub", "doc": "reindex/sub/doc"}
+    return _CLI_ADVICE.sub(lambda m: f"POST /v1/agents/{agent}/knowledge/{routes[m.group(1)]}", message)
+
+
+def error_fields(err: KindexError, message: str | None = None) -> dict[str, Any]:
+    """The ``error`` object of a response: its code, its message, and the task that holds a busy KB."""
+    out: dict[str, Any] = {"code": err.code, "message": err.message if message is None else message}
+    if isinstance(err, BusyError) and err.task_id is not None:
+        out["task_id"] = err.task_id
+    return out
+
+
+def error_response(err: KindexError, message: str | None = None) -> JSONResponse:
+    """The response for ``err`` (reworded as ``message`` if given), with the HTTP status its class carries."""
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, UnauthorizedError) else None
+    return JSONResponse({"error": error_fields(err, message)}, status_code=err.http_status, headers=headers)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every failure answers in the one error shape; every request is logged as one JSON line."""
+
+    @app.exception_handler(KindexError)
+    async def kindex_error(request: Request, exc: KindexError) -> JSONResponse:
+        message = for_http(exc.message, request.app.state.kb_root, request.path_params.get("agent_id"))
+        return error_response(exc, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return error_response(UsageError(f"{where}: {first.get('msg', 'invalid')}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err: KindexError
+        if exc.status_code == 404:
+            err = RouteNotFoundError(str(exc.detail))
+        elif exc.status_code == 405:
+            err = MethodNotAllowedError(str(exc.detail))
+        else:
+            err = UsageError(str(exc.detail))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; a path can have several (GET, DELETE).
+            methods: set[str] = set()
+            for route in request.app.router.routes:
+                if route.matches(request.scope)[0] != Match.NONE:
+                    methods |= getattr(route, "methods", None) or set()
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse({"error": error_fields(err)}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(InternalError("internal error; see the server log"))
+
+    @app.middleware("http")
+    async def access(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        client = request.client.host if request.client else None
+        log_access(request.method, request.url.path, response.status_code, started, client)
+        return response
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
+
+class BodyLimit:
+    """Refuses request bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length.
+
+    The body is read (up to the limit) before the app sees it, so an oversized chunked upload is refused as such
+    rather than surfacing as a parse error.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw_path = bytes(scope.get("raw_path") or b"").lower()
+        if b"%2f" in raw_path or b"%5c" in raw_path:
+            # An encoded slash would be decoded before routing: "demo%2Fknowledge%2Findex" must not become a path.
+            error = RouteNotFoundError("no such route: agent ids, folders and paths never contain an encoded slash")
+            await error_response(error)(scope, receive, send)
+            return
+        limit = MAX_UPLOAD_BYTES if str(scope.get("path", "")).endswith("/skills/import") else self.limit
+        started = time.perf_counter()
+        client = (scope.get("client") or (None,))[0]
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await error_response(_too_large(limit))(scope, receive, send)
+            log_access(scope.get("method", ""), str(scope.get("path", "")), 413, started, client)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > limit:
+                await error_response(_too_large(limit))(scope, receive, send)
+                log_access(scope.get("method", ""), str(scope.get("path", "")), 413, started, client)
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large(limit: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"request body over {limit} bytes")

@@ -1,0 +1,214 @@
+"""The routes: knowledge steps and BuildContext, skills, tasks and health. Each takes what it needs from the
+app's state through ``Depends`` (:class:`kindex.server.app.ServerState`)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from kindex import generate
+from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError
+from kindex.generate import Options
+from kindex.kb import KnowledgeBase
+from kindex.records import INDEX_FILE, Index
+from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit
+from kindex.retrieve import DEFAULT_FALLBACK_DOCS
+from kindex.scan import scan
+from kindex.server.errors import error_response
+from kindex.server.schemas import (
+    ContextRequest,
+    DocRequest,
+    FindRequest,
+    HealthModel,
+    SubRequest,
+    SyncRequest,
+    TaskModel,
+)
+from kindex.server.state import ServerState, agent_kb, authorize, server_state
+from kindex.store import read_index_file
+
+_WAIT = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
+_STEP_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": RunReport}, 202: {"model": TaskModel}}
+_JSON = "application/json"
+
+knowledge = APIRouter(prefix="/v1/agents/{agent_id}/knowledge", dependencies=[Depends(authorize)])
+skills_router = APIRouter(prefix="/v1/agents/{agent_id}/skills", dependencies=[Depends(authorize)])
+tasks_router = APIRouter(prefix="/v1/tasks", dependencies=[Depends(authorize)])
+health = APIRouter()
+
+
+async def _run_step(
+    state: ServerState, agent_id: str, step: str, wait: bool, body: Callable[[KnowledgeBase, Options], RunReport]
+) -> Response:
+    kb = state.handle(agent_id)
+    task = state.tasks.start(agent_id, step, lambda opts: body(kb, opts), state.options)
+    if not wait:
+        model = task.to_model().model_dump_json()
+        return Response(model, status_code=202, media_type=_JSON, headers={"Location": f"/v1/tasks/{task.id}"})
+    await task.wait()
+    if task.error is not None:
+        return error_response(task.error)
+    assert task.report is not None
+    return Response(task.report.model_dump_json(), media_type=_JSON)
+
+
+@knowledge.get("/reindex/preview", response_model=Preview, summary="Scan only: steps, themes, skipped")
+def preview(agent_id: str, request: Request) -> Any:
+    state = server_state(request)
+    return generate.preview(agent_kb(state, agent_id), state.options)
+
+
+@knowledge.post("/reindex/root", responses=_STEP_RESPONSES, summary="Write the root index.json")
+async def reindex_root(agent_id: str, request: Request, wait: bool = _WAIT) -> Response:
+    return await _run_step(server_state(request), agent_id, "root", wait, lambda kb, o: kb.root(o))
+
+
+@knowledge.post("/reindex/sub", responses=_STEP_RESPONSES, summary="Write one theme's index.json")
+async def reindex_sub(agent_id: str, body: SubRequest, request: Request, wait: bool = _WAIT) -> Response:
+    state = server_state(request)
+    kb = agent_kb(state, agent_id)
+    # A scan of a large KB takes a while: off the event loop, so context requests are not held up.
+    await asyncio.to_thread(lambda: scan(kb).theme_docs(body.dir))
+    return await _run_step(state, agent_id, "sub", wait, lambda h, o: h.sub(body.dir, o))
+
+
+@knowledge.post("/reindex/sub/doc", responses=_STEP_RESPONSES, summary="Merge one document's entry")
+async def reindex_doc(agent_id: str, body: DocRequest, request: Request, wait: bool = _WAIT) -> Response:
+    state = server_state(request)
+    kb = agent_kb(state, agent_id)
+    await asyncio.to_thread(lambda: scan(kb).theme_doc(body.dir, body.path))
+    return await _run_step(
+        state, agent_id, "doc", wait, lambda h, o: h.doc(body.dir, body.path, clear_dir=body.clear_dir, options=o)
+    )
+
+
+@knowledge.post("/reindex", responses=_STEP_RESPONSES, summary="The whole pipeline")
+async def reindex(agent_id: str, request: Request, wait: bool = _WAIT) -> Response:
+    return await _run_step(server_state(request), agent_id, "reindex", wait, lambda kb, o: kb.reindex(o))
+
+
+@knowledge.post("/context", response_model=Context, summary="BuildContext for one chat message")
+async def context(agent_id: str, body: ContextRequest, request: Request) -> Response:
+    # Off the event loop: a warm call is a few ms, but the first call after a reindex loads the tables (and a KB
+    # whose tables are missing is analysed in full), which must not stall other agents' requests.
+    kb = server_state(request).handle(agent_id)
+    ctx = await run_in_threadpool(
+        kb.context,
+        body.message,
+        paths=body.paths,
+        budget_tokens=body.budget_tokens,
+        max_docs=body.max_docs,
+        min_relevance=body.min_relevance,
+        fallback_docs=DEFAULT_FALLBACK_DOCS if body.fallback_docs is None else body.fallback_docs,
+    )
+    return Response(ctx.model_dump_json(), media_type=_JSON)
+
+
+@knowledge.get("/index", response_model=Index, summary="The root index")
+def root_index(agent_id: str, request: Request) -> Response:
+    return Response(_read_index(agent_kb(server_state(request), agent_id), None).to_json(), media_type=_JSON)
+
+
+@knowledge.get("/index/{dir}", response_model=Index, summary="One theme's index")
+def theme_index(agent_id: str, dir: str, request: Request) -> Response:
+    return Response(_read_index(agent_kb(server_state(request), agent_id), dir).to_json(), media_type=_JSON)
+
+
+def _read_index(kb: Path, dir_name: str | None) -> Index:
+    try:
+        root, _ = read_index_file(kb / INDEX_FILE)
+    except (OSError, InvalidFileError):
+        raise IndexMissingError("this KB has no index yet: POST …/knowledge/reindex first") from None
+    if dir_name is None:
+        return root
+    if dir_name not in {t.dir for t in root.themes}:
+        raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
+    try:
+        sub, _ = read_index_file(kb / dir_name / INDEX_FILE)
+    except (OSError, InvalidFileError):
+        raise IndexMissingError(f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
+    return sub
+
+
+# -- skills -------------------------------------------------------------------------------------------------------
+
+
+def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
+    kb = state.handle(agent_id)
+    if not kb.is_skill_library:
+        raise KBNotFoundError(f"agent {agent_id!r} has no skill library (no folder with a SKILL.md)")
+    return kb
+
+
+@skills_router.post("/find", response_model=list[SkillHit], summary="Skills matching a query, one hit each")
+def find(agent_id: str, body: FindRequest, request: Request) -> Any:
+    return _library(server_state(request), agent_id).find_skills(body.query, limit=body.limit, levels=body.levels)
+
+
+@skills_router.post("/import", response_model=ImportResult, summary="Install a one-skill ZIP (multipart `file`)")
+def import_skill(
+    agent_id: str,
+    request: Request,
+    file: UploadFile = File(description="The skill package (.zip)."),  # noqa: B008 - FastAPI's idiom
+    replace: bool = Query(False, description="Replace a skill of the same name instead of adding NAME-v2."),
+) -> Any:
+    return server_state(request).handle(agent_id).import_skill(file.file.read(), replace=replace)
+
+
+@skills_router.get(
+    "/{name}/export",
+    response_class=Response,
+    responses={200: {"content": {"application/zip": {}}, "description": "The skill as a ZIP."}},
+    summary="Download a skill as a ZIP",
+)
+def export_skill(agent_id: str, name: str, request: Request) -> Response:
+    data = _library(server_state(request), agent_id).export_skill(name)
+    headers = {"Content-Disposition": f'attachment; filename="{name}.zip"'}
+    return Response(data, media_type="application/zip", headers=headers)
+
+
+@skills_router.delete("/{name}", status_code=204, response_class=Response, summary="Remove a skill and its entries")
+def delete_skill(agent_id: str, name: str, request: Request) -> Response:
+    _library(server_state(request), agent_id).delete_skill(name)
+    return Response(status_code=204)
+
+
+@skills_router.post(
+    "/sync",
+    response_class=Response,
+    responses={200: {"content": {"application/zip": {}}, "description": "Changed skills and the manifest."}},
+    summary="Sync package for a remote workspace",
+)
+def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response:
+    kb = _library(server_state(request), agent_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sync.zip"
+        kb.sync_skills(None, only=body.only, zip_out=out, previous=body.manifest or {})
+        return Response(out.read_bytes(), media_type="application/zip")
+
+
+# -- tasks and health ---------------------------------------------------------------------------------------------
+
+
+@tasks_router.get("/{task_id}", response_model=TaskModel, summary="A task's state, progress and report")
+def get_task(task_id: str, request: Request) -> Any:
+    return server_state(request).tasks.get(task_id).to_model()
+
+
+@tasks_router.delete("/{task_id}", response_model=TaskModel, summary="Cancel a task")
+def cancel_task(task_id: str, request: Request) -> Any:
+    task = server_state(request).tasks.get(task_id)
+    task.cancel.set()
+    return task.to_model()
+
+
+@health.get("/healthz", response_model=HealthModel, summary="Liveness (no token needed)")
+def healthz(request: Request) -> Any:
+    return JSONResponse({"status": "ok", "running_tasks": server_state(request).tasks.running()})

@@ -1,0 +1,89 @@
+"""The HTTP service's own shapes: request bodies, task and error bodies. Result bodies are :mod:`kindex.results`
+and index bodies :mod:`kindex.records`, the same records the library returns."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kindex.results import RunReport, StepProgress
+from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, DEFAULT_MIN_RELEVANCE
+
+_BODY = ConfigDict(frozen=True)
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. kb_not_found, not_a_theme, busy.")
+    message: str = Field(description="What was wrong and what to do.")
+    task_id: str | None = Field(default=None, description="With `busy`: the task that holds the agent's KB.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class TaskModel(BaseModel):
+    id: str
+    agent_id: str
+    step: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    progress: StepProgress
+    report: RunReport | None = None
+    error: ErrorBody | None = None
+    created_at: float
+    finished_at: float | None = None
+
+
+class SubRequest(BaseModel):
+    model_config = _BODY
+    dir: str = Field(min_length=1, max_length=255, description="A theme: a first-level folder of the KB.")
+
+
+class DocRequest(BaseModel):
+    model_config = _BODY
+    dir: str = Field(min_length=1, max_length=255)
+    path: str = Field(min_length=1, max_length=1024, description="The document's path relative to `dir`.")
+    clear_dir: bool = Field(default=False, description="Start `dir/index.json` afresh (the theme's first document).")
+
+
+class ContextRequest(BaseModel):
+    model_config = _BODY
+    message: str = Field(max_length=20_000, description="The user's chat message.")
+    paths: list[str] = Field(default=[], max_length=50, description="Attachment paths (files the user works on).")
+    budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=50, le=200_000)
+    max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=50)
+    min_relevance: float = Field(
+        default=DEFAULT_MIN_RELEVANCE,
+        strict=True,
+        ge=0.0,
+        le=1.0,
+        description="On topic when a document covers this share of the question's informative weight.",
+    )
+    fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None,
+        max_length=20,
+        description="Overview documents for off-topic messages (KB-relative); default: the KB's usual overview.",
+    )
+
+
+class FindRequest(BaseModel):
+    model_config = _BODY
+    query: str = Field(max_length=20_000)
+    limit: int = Field(default=10, ge=1, le=200, description="Distinct skills to return.")
+    levels: list[Annotated[int, Field(strict=True, ge=0, le=2)]] | None = Field(
+        default=None, description="Only hits of these levels: 0 skill summary, 1 folder overview, 2 file."
+    )
+
+
+class SyncRequest(BaseModel):
+    model_config = _BODY
+    only: list[str] = Field(default=[], max_length=1000, description="Skills to include (default: all).")
+    manifest: dict[str, Any] | None = Field(
+        default=None, description="The `.sync-manifest.json` the client holds: only changed skills are sent."
+    )
+
+
+class HealthModel(BaseModel):
+    status: Literal["ok"]
+    running_tasks: int

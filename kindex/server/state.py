@@ -1,0 +1,105 @@
+"""What the routes share: the server's state (agents' folder, token, tasks, KB handles) and the guards every
+request passes (the token, or without one: this machine only)."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fastapi import Request
+
+from kindex.errors import ForbiddenError, KBNotFoundError, UnauthorizedError, UsageError
+from kindex.generate import Options
+from kindex.kb import KnowledgeBase, Settings
+from kindex.server.errors import AGENT_ID
+from kindex.server.tasks import Tasks
+
+MAX_LOADED_AGENTS = 64
+"""Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
+
+
+def loopback(netloc: str) -> bool:
+    """Whether a host, a Host header or an origin's host:port names this machine (localhost, 127.0.0.0/8, ::1)."""
+    if netloc.startswith("["):
+        host = netloc[1 : netloc.find("]")] if "]" in netloc else ""
+    else:
+        host = netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServerState:
+    """One app's state, kept on ``app.state.kindex``."""
+
+    root: Path
+    token: str | None
+    options: Options
+    tasks: Tasks
+    _handles: OrderedDict[str, KnowledgeBase] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handle(self, agent_id: str) -> KnowledgeBase:
+        """The agent's KB handle (its tables stay loaded between requests, within :data:`MAX_LOADED_AGENTS`)."""
+        path = agent_kb(self, agent_id)
+        with self._lock:
+            kb = self._handles.get(agent_id)
+            if kb is None or kb.path != path:
+                kb = self._handles[agent_id] = KnowledgeBase(path, Settings(generation=self.options))
+                while len(self._handles) > MAX_LOADED_AGENTS:
+                    self._handles.popitem(last=False)
+            else:
+                self._handles.move_to_end(agent_id)
+            return kb
+
+
+def server_state(request: Request) -> ServerState:
+    state = request.app.state.kindex
+    assert isinstance(state, ServerState)
+    return state
+
+
+def agent_kb(state: ServerState, agent_id: str) -> Path:
+    """The agent's knowledge folder; 422 for an id that cannot be one, 404 when there is none."""
+    if not AGENT_ID.fullmatch(agent_id):
+        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
+    kb = (state.root / agent_id).resolve()
+    if not kb.is_relative_to(state.root) or not kb.is_dir():
+        raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder")
+    return kb
+
+
+def authorize(request: Request) -> None:
+    """The bearer token when one is set; without one, only requests to and from this machine."""
+    token = server_state(request).token
+    if token is None:
+        # Without a token only this machine may call: the socket the request came in on must be a loopback one
+        # (an app embedded and bound to a public address refuses), and a browser page of another site must not
+        # reach the server through the user's browser: a DNS-rebound name fails the Host check, a cross-site
+        # request (form post, fetch) the Origin check.
+        server = request.scope.get("server")
+        host = request.headers.get("host", "")
+        origin = request.headers.get("origin")
+        if (
+            (server is not None and not loopback(str(server[0])))
+            or not loopback(host)
+            or (origin is not None and not loopback(urlsplit(origin).netloc))
+        ):
+            raise ForbiddenError(
+                "without KINDEX_API_TOKEN this server answers only requests to and from this machine "
+                "(Host and Origin must be localhost); set a token to serve others"
+            )
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        raise UnauthorizedError("send the API token as `Authorization: Bearer <token>`")

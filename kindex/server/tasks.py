@@ -1,0 +1,156 @@
+"""Tasks: generation steps running in the server's own bounded pool of worker threads, one writer per agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kindex.errors import BusyError, CancelledRun, InternalError, KindexError, TaskNotFoundError
+from kindex.generate import Options, Progress
+from kindex.results import RunReport, StepProgress
+from kindex.server.errors import error_fields
+from kindex.server.schemas import ErrorBody, TaskModel
+
+DEFAULT_TASK_WORKERS = 8
+"""Generation steps that run at once in one server; more wait queued (each runs its own model calls concurrently)."""
+TASKS_KEPT = 1000
+log = logging.getLogger("kindex.server")
+
+
+@dataclass
+class Task:
+    """One generation step running (or run) in a worker thread."""
+
+    id: str
+    agent_id: str
+    step: str
+    state: str = "queued"
+    completed: int = 0
+    total: int = 0
+    report: RunReport | None = None
+    error: KindexError | None = None
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+    _waiters_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def wait(self) -> None:
+        """Wait for the task without holding a thread: the worker wakes this coroutine when it finishes."""
+        event = asyncio.Event()
+        with self._waiters_lock:
+            if self.done.is_set():
+                return
+            self._waiters.append((asyncio.get_running_loop(), event))
+        await event.wait()
+
+    def finish(self) -> None:
+        with self._waiters_lock:
+            self.done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    def to_model(self) -> TaskModel:
+        return TaskModel(
+            id=self.id,
+            agent_id=self.agent_id,
+            step=self.step,
+            state=self.state,  # type: ignore[arg-type]  # one of TaskModel's states, set only here
+            progress=StepProgress(completed=self.completed, total=self.total),
+            report=self.report,
+            error=ErrorBody(**error_fields(self.error)) if self.error else None,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+        )
+
+
+class Tasks:
+    """The server's tasks: at most one writer task per agent (a second one is refused with 409 ``busy``)."""
+
+    def __init__(self, workers: int = DEFAULT_TASK_WORKERS) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._running: dict[str, str] = {}
+        # Steps run in their own bounded pool: more tasks than workers wait "queued", and neither they nor the
+        # requests waiting for them take a thread from the pool that serves other requests.
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kindex-task")
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        agent_id: str,
+        step: str,
+        body: Callable[[Options], RunReport],
+        options: Options,
+    ) -> Task:
+        with self._lock:
+            holder = self._running.get(agent_id)
+            if holder is not None:
+                raise BusyError(f"agent {agent_id!r} is being reindexed by task {holder}", task_id=holder)
+            task = Task(uuid.uuid4().hex, agent_id, step)
+            self._tasks[task.id] = task
+            self._running[agent_id] = task.id
+            self._forget_old()
+        opts = Options(
+            llm=options.llm,
+            concurrency=options.concurrency,
+            on_progress=lambda p: self._progress(task, p),
+            cancel=task.cancel,
+        )
+        self._pool.submit(self._run, task, body, opts)
+        return task
+
+    @staticmethod
+    def _progress(task: Task, p: Progress) -> None:
+        task.completed, task.total = p.completed, p.total
+
+    def _run(self, task: Task, body: Callable[[Options], RunReport], opts: Options) -> None:
+        task.state = "running"
+        try:
+            task.report = body(opts)
+            task.completed, task.total = task.report.completed, task.report.total
+            task.state = "done"
+        except KindexError as exc:
+            task.error = exc
+            task.state = "cancelled" if isinstance(exc, CancelledRun) else "failed"
+        except Exception:
+            log.exception("task %s (%s of agent %s) crashed", task.id, task.step, task.agent_id)
+            task.error = InternalError("the task failed on a server fault; see the server log")
+            task.state = "failed"
+        finally:
+            task.finished_at = time.time()
+            with self._lock:
+                if self._running.get(task.agent_id) == task.id:
+                    del self._running[task.agent_id]
+            task.finish()
+
+    def get(self, task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise TaskNotFoundError(f"no task {task_id!r} (tasks are kept until the server restarts)")
+        return task
+
+    def running(self) -> int:
+        return len(self._running)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""
+        for task in list(self._tasks.values()):
+            if not task.done.is_set():
+                task.cancel.set()
+        deadline = time.monotonic() + timeout
+        self._pool.shutdown(wait=False, cancel_futures=False)
+        for task in list(self._tasks.values()):
+            task.done.wait(max(0.0, deadline - time.monotonic()))
+
+    def _forget_old(self) -> None:
+        finished = [t for t in self._tasks.values() if t.done.is_set()]
+        for t in sorted(finished, key=lambda t: t.created_at)[: max(0, len(self._tasks) - TASKS_KEPT)]:
+            del self._tasks[t.id]
