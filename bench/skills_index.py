@@ -71,7 +71,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             lib = Path(tmp) / "lib"
             files = make_library(lib, args.skills, rng)
-            assert skills.validate_skills(lib) == []
+            assert kindex.validate_skills(lib) == []
             t0 = time.perf_counter()
             offline = kindex.reindex(lib)
             t_off = time.perf_counter() - t0

@@ -3,6 +3,10 @@
 Every step is a library function that reports progress through a callback and returns a :class:`RunReport`.
 Model answers are cached under ``.kindex/`` by what determines them, so an unchanged document is never paid for
 twice, and a document whose model answers failed keeps its previous entry (or gets an extractive one).
+
+Long because the runner's steps (root, theme, document, whole run) share one run's state (answer cache,
+semaphore, tally, cancel event) and its write order; kept together, the rule "nothing is written after a cancel"
+lives in one place.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from kindex.generators import (
     make_generator,
     root_messages,
 )
-from kindex.llm import LLMClient, LLMSettings
+from kindex.llm import LLMClient, LLMSettings, import_litellm
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
@@ -268,8 +272,6 @@ def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion
 def _price(llm: LLMSettings, prompt: int, completion: int) -> float | None:
     if not llm.model:
         return None
-    from kindex.llm import import_litellm
-
     try:
         info = import_litellm().get_model_info(llm.model)
     except Exception:  # litellm raises assorted errors for models it has no price for

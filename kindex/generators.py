@@ -16,7 +16,7 @@ import orjson
 from kindex import extractive, templating
 from kindex.errors import AnswerError, GenerationFailed, ModelCallError
 from kindex.jsonextract import extract_object, salvage_truncated
-from kindex.llm import Completion, LLMClient, LLMSettings, Message
+from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings, Message
 from kindex.records import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
 from kindex.sanitize import doc_entry, require_root_lists
 from kindex.scan import Scan, ScannedDoc
@@ -218,7 +218,7 @@ class LLMGenerator:
                 ]
                 continue
             return Answer(obj, usage)
-        raise AssertionError("unreachable")
+        raise GenerationFailed("no answer after the repair request", usage)  # the loop always returns first
 
 
 def _extract_or_salvage(text: str) -> dict[str, Any]:
@@ -272,6 +272,4 @@ def make_generator(settings: LLMSettings, client: LLMClient | None = None) -> Ge
         return LLMGenerator(client, settings)
     if not settings.configured:
         return ExtractiveGenerator()
-    from kindex.llm import LiteLLMClient
-
     return LLMGenerator(LiteLLMClient(settings), settings)

@@ -232,7 +232,7 @@ class LiteLLMClient:
         return min(base, 60.0) * (0.5 + random.random() / 2)  # full jitter keeps parallel retries apart
 
 
-class _EmptyAnswer(Exception):
+class _EmptyAnswer(ModelError):
     """A response with no choices: a provider hiccup, worth a retry."""
 
 

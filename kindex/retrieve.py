@@ -5,6 +5,9 @@ or the saved tables change on disk (one ``stat`` per index file per call), so a 
 after a reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
 document covers enough of the question's informative weight (the rarity of its words), else the KB's overview is
 returned instead.
+
+Long because scoring, the on-topic decision, ranking and assembling the text all read the loaded tables'
+private arrays; what does not (fitting a document into a budget) lives in :mod:`kindex.fitting`.
 """
 
 from __future__ import annotations

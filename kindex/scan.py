@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from kindex.errors import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError
 from kindex.markdown import headings
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
@@ -192,8 +192,8 @@ def _scan_file(
         return None
     try:
         text, digest = _decode(path)
-    except ValueError as exc:
-        skipped.append(Skipped(path=rel, reason=str(exc)))
+    except InvalidFileError as exc:
+        skipped.append(Skipped(path=rel, reason=exc.message))
         return None
     except OSError as exc:
         skipped.append(Skipped(path=rel, reason=f"cannot be read: {exc.strerror or exc}"))
@@ -221,11 +221,11 @@ def _scan_file(
 def _decode(path: Path) -> tuple[str, str]:
     data = path.read_bytes()
     if b"\x00" in data:
-        raise ValueError("contains NUL bytes: not a text document")
+        raise InvalidFileError("contains NUL bytes: not a text document")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
+        raise InvalidFileError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
     return text.removeprefix("\ufeff"), hashlib.sha256(data).hexdigest()
 
 

@@ -11,6 +11,9 @@ field), so field weights can change without a rebuild.
 
 Updating is per document: a document whose entry and body are unchanged keeps its postings as they are (remapped
 with vectorised array operations); only a changed document is read and analysed again.
+
+Long because building, saving, loading (validating a possibly hostile file) and the per-document update
+share the tables' layout; split apart they would have to publish it.
 """
 
 from __future__ import annotations
@@ -230,7 +233,7 @@ def _checked_table(
         and _finite(tfs)
     )
     if not ok:
-        raise ValueError("inconsistent search table")
+        raise InvalidFileError("inconsistent search table")
     return FieldTable(hashes, offsets, docs, tfs)
 
 
@@ -241,7 +244,7 @@ def _item(obj: Mapping[str, Any]) -> DocItem:
     if not all(isinstance(x, str) for x in strings) or not all(
         isinstance(x, list) and all(isinstance(v, str) for v in x) for x in lists
     ):
-        raise ValueError("bad entry")
+        raise InvalidFileError("bad entry")
     path, title, summary = strings
     tags, globs, questions = (tuple(x) for x in lists)
     # Type-checked above; the bounds held when the entry was built, and validating 10,000 entries again would
@@ -252,7 +255,7 @@ def _item(obj: Mapping[str, Any]) -> DocItem:
 def _record(row: Sequence[Any]) -> DocRecord:
     path, theme, key, obj = row
     if not isinstance(path, str) or not isinstance(key, str) or not (theme is None or isinstance(theme, str)):
-        raise ValueError("bad document record")
+        raise InvalidFileError("bad document record")
     return DocRecord(path, theme, _item(obj), key)
 
 
@@ -359,7 +362,7 @@ def read_entries(kb: Path) -> Entries:
         root, problems = read_index_file(root_path)
     except (FileNotFoundError, NotADirectoryError):
         raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
-    except IsADirectoryError:
+    except IndexMissingError:
         raise IndexMissingError(f"{INDEX_FILE} of {kb.name or kb} is a folder, not an index: remove it") from None
     except (OSError, InvalidFileError) as exc:
         raise IndexMissingError(
@@ -384,7 +387,7 @@ def read_entries(kb: Path) -> Entries:
         )
         try:
             sub, sub_problems = read_index_file(kb / t.dir / INDEX_FILE)
-        except (OSError, InvalidFileError) as exc:
+        except (OSError, InvalidFileError, IndexMissingError) as exc:
             problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)

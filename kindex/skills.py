@@ -3,6 +3,9 @@
 Search returns one best hit per skill. Packages move in and out as ZIP files, checked before anything touches the
 KB, and a workspace can be synced with only what changed. What a skill is, and how one is read and checked, is
 :mod:`kindex.skillmodel`.
+
+Long because ZIP import (with its checks against hostile archives), export and sync are one service over the
+same package rules.
 """
 
 from __future__ import annotations

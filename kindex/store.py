@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from kindex.errors import InvalidFileError, KBNotFoundError, StorageError
+from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, StorageError
 from kindex.records import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
@@ -89,18 +89,17 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 def index_bytes(path: Path) -> bytes:
     """An index file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large.
 
-    Raises ``FileNotFoundError`` (or ``NotADirectoryError``) when there is none, ``IsADirectoryError`` for a
-    folder in its place, another ``OSError`` when it cannot be read.
+    Raises ``FileNotFoundError`` (or ``NotADirectoryError``) when there is none, :class:`IndexMissingError` for a
+    folder in its place, :class:`InvalidFileError` for a special file or an absurd size, another ``OSError``
+    when it cannot be read.
     """
     st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
     if not stat.S_ISREG(st.st_mode):
-        raise (
-            IsADirectoryError(f"{path.name} is not a regular file")
-            if stat.S_ISDIR(st.st_mode)
-            else OSError(f"{path.name} is not a regular file")
-        )
+        raise InvalidFileError(f"{path.name} is not a regular file")
     if st.st_size > MAX_INDEX_BYTES:
-        raise OSError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
+        raise InvalidFileError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
     with open(path, "rb") as fh:
         return fh.read(MAX_INDEX_BYTES + 1)
 
@@ -118,7 +117,7 @@ def read_index(path: Path) -> Index | None:
     """The index at ``path``, or ``None`` when there is none or it cannot be read as an index."""
     try:
         index, _ = read_index_file(path)
-    except (OSError, InvalidFileError):
+    except (OSError, InvalidFileError, IndexMissingError):
         return None
     return index
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from kindex.errors import KindexError
 from kindex.records import INDEX_FILE, schema_errors
 from kindex.scan import scan
 from kindex.store import index_bytes, root_index_path, theme_index_path
@@ -56,8 +57,9 @@ def _load(path: Any, label: str, problems: list[str]) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{label}: missing (run `kindex reindex`)")
         return None
-    except OSError as exc:
-        problems.append(f"{label}: cannot be read ({exc.strerror or exc}): a folder or special file in its place?")
+    except (OSError, KindexError) as exc:
+        reason = exc.message if isinstance(exc, KindexError) else exc.strerror or exc
+        problems.append(f"{label}: cannot be read ({reason}): a folder or special file in its place?")
         return None
     try:
         obj = orjson.loads(data)

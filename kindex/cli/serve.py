@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging.config
+import os
 import socket
 
 import click
@@ -28,10 +31,6 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     `Authorization: Bearer $KINDEX_API_TOKEN`; without that variable the server listens on loopback only.
     The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
     """
-    import ipaddress
-    import logging.config
-    import os
-
     token = os.environ.get("KINDEX_API_TOKEN") or None
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback

@@ -10,7 +10,9 @@ import click
 from kindex import skills
 from kindex.cli.index import model_opts, options_from
 from kindex.cli.options import json_opt, kb_arg, print_json
+from kindex.generate import Options
 from kindex.kb import KnowledgeBase
+from kindex.llm import LLMSettings
 from kindex.skillmodel import validate_skills
 
 
@@ -115,9 +117,6 @@ def export_cmd(kb: str, name: str, output: str) -> None:
 @click.option("--wait", type=float, default=0.0, show_default=True, help="Seconds to wait for another writer.")
 def delete_cmd(kb: str, name: str, wait: float) -> None:
     """Remove skill NAME from KB, and its entries from the index."""
-    from kindex.generate import Options
-    from kindex.llm import LLMSettings
-
     skills.delete_skill(kb, name, Options(llm=LLMSettings.from_env(), wait=wait))
     click.echo(f"deleted skill {name}")
 

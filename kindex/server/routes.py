@@ -124,7 +124,7 @@ def theme_index(agent_id: str, dir: str, request: Request) -> Response:
 def _read_index(kb: Path, dir_name: str | None) -> Index:
     try:
         root, _ = read_index_file(kb / INDEX_FILE)
-    except (OSError, InvalidFileError):
+    except (OSError, InvalidFileError, IndexMissingError):
         raise IndexMissingError("this KB has no index yet: POST …/knowledge/reindex first") from None
     if dir_name is None:
         return root
@@ -132,7 +132,7 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
         raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
     try:
         sub, _ = read_index_file(kb / dir_name / INDEX_FILE)
-    except (OSError, InvalidFileError):
+    except (OSError, InvalidFileError, IndexMissingError):
         raise IndexMissingError(f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
     return sub
 
