@@ -3,10 +3,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kindex import LLMSettings, Options
+from tests.fakeclient import FakeClient
 from tests.fakellm import FakeLLM
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,3 +54,21 @@ def llm_options(fake_llm: FakeLLM) -> Options:
 @pytest.fixture
 def fake_llm_settings_short_excerpt(fake_llm: FakeLLM) -> Options:
     return Options(llm=llm_settings(fake_llm), excerpt_chars=150)
+
+
+@pytest.fixture
+def fake_client() -> FakeClient:
+    """An in-process model: for tests of the pipeline, not of the litellm adapter (see tests/fakeclient.py)."""
+    return FakeClient()
+
+
+def client_options(client: FakeClient, **overrides: Any) -> Options:
+    """Options that send every model call to ``client`` (the model name only shapes the cache keys)."""
+    base: dict[str, Any] = {"llm": LLMSettings(model="fake-model"), "client": client, "concurrency": 4}
+    base.update(overrides)
+    return Options(**base)
+
+
+@pytest.fixture
+def fake_options(fake_client: FakeClient) -> Options:
+    return client_options(fake_client)

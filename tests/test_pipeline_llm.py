@@ -1,4 +1,8 @@
-"""The generation pipeline against a real HTTP endpoint (the fake OpenAI-compatible server) through litellm."""
+"""The generation pipeline: model answers in, index files out.
+
+One test goes end to end through litellm to the fake OpenAI-compatible server on 127.0.0.1 (the adapter path);
+the others script the in-process fake client, which records every call the pipeline makes.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +15,36 @@ import orjson
 
 import kindex
 from kindex import Options
-from tests.fakellm import FakeLLM, Reply, doc_path, good_doc, good_root, is_root, user_text, well_behaved
+from tests.conftest import client_options
+from tests.fakeclient import Call, FakeClient, call_error, good_doc, good_root, well_behaved
+from tests.fakellm import FakeLLM
 
 
 def load(path: Path) -> dict[str, Any]:
-    return orjson.loads(path.read_bytes())
+    data: dict[str, Any] = orjson.loads(path.read_bytes())
+    return data
 
 
-def test_reindex_with_a_model_writes_valid_indexes_from_its_answers(
+def test_reindex_through_litellm_writes_valid_indexes_from_the_answers(
     sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
 ) -> None:
     report = kindex.reindex(sample_kb, llm_options)
 
-    assert report.ok and report.offline is False
+    assert report.ok and report.offline is False and report.generator == "llm:openai/fake-model"
     assert report.calls == 19 and report.cache_hits == 0
     assert (report.completed, report.total) == (19, 19)
+    # The usage litellm read from the server's answers: 100 prompt and 20 completion tokens each.
     assert report.prompt_tokens == 19 * 100 and report.completion_tokens == 19 * 20
+    assert len(fake_llm.requests) == 19 and len(fake_llm.root_requests()) == 1
+    assert all(r["model"] == "fake-model" for r in fake_llm.requests)  # the provider prefix is litellm's
+    assert all([m["role"] for m in r["messages"]] == ["system", "user"] for r in fake_llm.requests)
+    assert sorted(report.written) == [
+        "account/index.json",
+        "billing/index.json",
+        "developer/index.json",
+        "index.json",
+        "sync/index.json",
+    ]
     assert kindex.validate(sample_kb) == []
     root = load(sample_kb / "index.json")
     assert [t["dir"] for t in root["themes"]] == ["account", "billing", "developer", "sync"]
@@ -45,61 +63,85 @@ def test_reindex_with_a_model_writes_valid_indexes_from_its_answers(
     assert "标题" in text and "\\u" not in text and '\n  "themes"' in text
 
 
-def test_prompts_carry_the_closed_path_list_and_a_bounded_excerpt(
-    sample_kb: Path, fake_llm: FakeLLM, fake_llm_settings_short_excerpt: Options
+def test_reindex_with_a_client_writes_every_file_from_its_answers(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
 ) -> None:
-    kindex.reindex(sample_kb, fake_llm_settings_short_excerpt)
+    report = kindex.reindex(sample_kb, fake_options)
 
-    root_prompt = user_text(fake_llm.root_requests()[0])
-    for name in ("导读.md", "00-总则与功能导航.md", "常见问题.md"):
-        assert f"- path: {name}" in root_prompt
+    assert report.ok and report.generator == "llm:fake-model"
+    assert (report.calls, report.cache_hits, report.completed, report.total) == (19, 0, 19, 19)
+    assert len(fake_client.calls) == 19 and [c.kind for c in fake_client.calls].count("root") == 1
+    assert not any(c.repair for c in fake_client.calls)
+    assert all(c.json_schema["required"][0] in ("title", "themes") for c in fake_client.calls)
+    assert 1 < fake_client.max_in_flight <= 4  # the documents are asked concurrently, within --concurrency
+    assert kindex.validate(sample_kb) == []
     for theme in ("account", "billing", "developer", "sync"):
-        assert re.search(rf"^- dir: {theme} \(\d+ documents\) — ", root_prompt, re.MULTILINE), root_prompt
-    assert "双重验证（两步验证）" in root_prompt  # a theme's document titles tell the model what is inside
+        entries = load(sample_kb / theme / "index.json")["documents"]
+        assert entries and all(e["title"] == f"标题 {e['path']}" for e in entries)
+    assert [d["title"] for d in load(sample_kb / "index.json")["documents"]] == [
+        "根 00-总则与功能导航.md",
+        "根 导读.md",
+        "根 常见问题.md",
+    ]
 
-    paths = sorted(doc_path(r) for r in fake_llm.doc_requests())
+
+def test_concurrency_bounds_the_calls_in_flight(sample_kb: Path) -> None:
+    client = FakeClient(delay=0.01)
+    kindex.reindex(sample_kb, client_options(client, concurrency=2))
+    assert client.max_in_flight == 2 and len(client.calls) == 19
+
+
+def test_prompts_carry_the_closed_path_list_and_a_bounded_excerpt(sample_kb: Path, fake_client: FakeClient) -> None:
+    kindex.reindex(sample_kb, client_options(fake_client, excerpt_chars=150))
+
+    (root_call,) = fake_client.root_calls()
+    for name in ("导读.md", "00-总则与功能导航.md", "常见问题.md"):
+        assert f"- path: {name}" in root_call.user
+    for theme in ("account", "billing", "developer", "sync"):
+        assert re.search(rf"^- dir: {theme} \(\d+ documents\) — ", root_call.user, re.MULTILINE), root_call.user
+    assert "双重验证（两步验证）" in root_call.user  # a theme's document titles tell the model what is inside
+
+    paths = sorted(c.label for c in fake_client.doc_calls())
     assert len(paths) == 18 and "企业采购/对公转账.md" in paths
-    for request in fake_llm.doc_requests():
-        excerpt = user_text(request).split("<<<\n", 1)[1].split("\n>>>", 1)[0]
-        assert 0 < len(excerpt) <= 150
+    for call in fake_client.doc_calls():
+        assert 0 < len(call.excerpt) <= 150
     # The licence comment in the conflict document never reaches the model.
-    conflict = next(r for r in fake_llm.doc_requests() if doc_path(r) == "同步冲突处理.md")
-    assert "维护人" not in user_text(conflict)
-    assert all(r["model"] == "fake-model" for r in fake_llm.requests)
+    conflict = next(c for c in fake_client.doc_calls() if c.path == "同步冲突处理.md")
+    assert "维护人" not in conflict.user
 
 
-def test_invented_renamed_and_missing_paths_never_reach_the_index(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
-) -> None:
-    def script(request: dict[str, Any]) -> Reply:
-        if is_root(request):
-            obj = good_root(request)
-            obj["themes"] = [t for t in obj["themes"] if t["dir"] != "sync"]  # omits a theme
-            obj["themes"].append({"dir": "marketing", "title": "不存在", "summary": "x", "tags": []})
-            obj["themes"].append({"dir": "../etc", "title": "逃逸", "summary": "x", "tags": []})
-            obj["themes"].append(dict(obj["themes"][0], title="重复"))
-            obj["documents"].append({"path": "新文档.md", "title": "编造", "summary": "x", "tags": []})
-            obj["documents"].append({"path": "account/双重验证.md", "title": "越层", "summary": "x", "tags": []})
-            obj["version"] = 99
-            return Reply(json.dumps(obj, ensure_ascii=False))
-        obj = good_doc(request)
+def test_invented_renamed_and_missing_paths_never_reach_the_index(sample_kb: Path) -> None:
+    def root(call: Call) -> str:
+        obj = good_root(call)
+        obj["themes"] = [t for t in obj["themes"] if t["dir"] != "sync"]  # omits a theme
+        obj["themes"].append({"dir": "marketing", "title": "不存在", "summary": "x", "tags": []})
+        obj["themes"].append({"dir": "../etc", "title": "逃逸", "summary": "x", "tags": []})
+        obj["themes"].append(dict(obj["themes"][0], title="重复"))
+        obj["documents"].append({"path": "新文档.md", "title": "编造", "summary": "x", "tags": []})
+        obj["documents"].append({"path": "account/双重验证.md", "title": "越层", "summary": "x", "tags": []})
+        obj["version"] = 99
+        return json.dumps(obj, ensure_ascii=False)
+
+    def doc(call: Call) -> str:
+        obj = good_doc(call)
         obj["path"] = "renamed/elsewhere.md"  # the model renames the path it was given
         obj["unknown_key"] = "dropped"
-        return Reply(json.dumps(obj, ensure_ascii=False))
+        return json.dumps(obj, ensure_ascii=False)
 
-    fake_llm.script = script
-    report = kindex.reindex(sample_kb, llm_options)
+    report = kindex.reindex(sample_kb, client_options(FakeClient(root=root, doc=doc)))
 
     assert report.ok
     assert kindex.validate(sample_kb) == []
-    root = load(sample_kb / "index.json")
-    assert root["version"] == 1
-    assert [t["dir"] for t in root["themes"]] == ["account", "billing", "developer", "sync"]
-    account = next(t for t in root["themes"] if t["dir"] == "account")
+    root_index = load(sample_kb / "index.json")
+    assert root_index["version"] == 1
+    assert [t["dir"] for t in root_index["themes"]] == ["account", "billing", "developer", "sync"]
+    account = next(t for t in root_index["themes"] if t["dir"] == "account")
     assert account["title"] == "主题 account"  # the first entry per dir wins, the duplicate is dropped
-    sync = next(t for t in root["themes"] if t["dir"] == "sync")
+    sync = next(t for t in root_index["themes"] if t["dir"] == "sync")
     assert sync["summary"].startswith("sync 主题，共 4 篇文档")  # the omitted theme got a default entry
-    assert sorted(d["path"] for d in root["documents"]) == sorted(["00-总则与功能导航.md", "常见问题.md", "导读.md"])
+    assert sorted(d["path"] for d in root_index["documents"]) == sorted(
+        ["00-总则与功能导航.md", "常见问题.md", "导读.md"]
+    )
     notes = "\n".join(report.notes)
     assert "'marketing' is not a scanned theme" in notes and "'新文档.md' is not a scanned document" in notes
     dev = load(sample_kb / "developer" / "index.json")
@@ -107,93 +149,120 @@ def test_invented_renamed_and_missing_paths_never_reach_the_index(
         ["API快速入门.md", "Webhook回调.md", "rate-limits.md", "前端组件编码规范.md"]
     )
     assert all(set(d) <= {"path", "title", "summary", "tags", "paths"} for d in dev["documents"])
+    assert {d["title"] for d in dev["documents"]} == {f"标题 {d['path']}" for d in dev["documents"]}
 
 
-def test_prose_and_fences_around_the_json_are_accepted(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
-) -> None:
-    def script(request: dict[str, Any]) -> Reply:
-        inner = well_behaved(request).content
-        return Reply(f"好的，下面是索引条目：\n```json\n{inner}\n```\n希望有帮助！{{注：以上}}")
+def test_prose_and_fences_around_the_json_are_accepted(sample_kb: Path) -> None:
+    def chatty(call: Call) -> str:
+        return f"好的，下面是索引条目：\n```json\n{well_behaved(call)}\n```\n希望有帮助！{{注：以上}}"
 
-    fake_llm.script = script
-    report = kindex.reindex(sample_kb, llm_options)
+    client = FakeClient(root=chatty, doc=chatty)
+    report = kindex.reindex(sample_kb, client_options(client))
 
-    assert report.ok and report.calls == 19  # no repair re-asks were needed
+    assert report.ok and report.calls == 19 and not any(c.repair for c in client.calls)  # no repair re-ask
     assert load(sample_kb / "sync" / "index.json")["documents"][0]["title"].startswith("标题 ")
 
 
-def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
-) -> None:
+def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(sample_kb: Path) -> None:
     bad = "rate-limits.md"
+    client = FakeClient(by_path={bad: "I'm sorry, I can't produce JSON for this {broken"})
+    options = client_options(client)
 
-    def script(request: dict[str, Any]) -> Reply:
-        if not is_root(request) and doc_path(request) == bad:
-            return Reply("I'm sorry, I can't produce JSON for this {broken")
-        return well_behaved(request)
-
-    fake_llm.script = script
-    report = kindex.reindex(sample_kb, llm_options)
+    report = kindex.reindex(sample_kb, options)
 
     assert [f.path for f in report.failures] == [f"developer/{bad}"]
     assert "after a repair request" in report.failures[0].reason
-    bad_requests = [r for r in fake_llm.doc_requests() if doc_path(r) == bad]
-    assert len(bad_requests) == 2  # one repair re-ask, carrying the error
-    repair = bad_requests[1]["messages"][-1]["content"]
+    bad_calls = [c for c in client.calls if c.path == bad]
+    assert [c.repair for c in bad_calls] == [False, True]  # one repair re-ask, carrying the error
+    repair = bad_calls[1].messages[-1]["content"]
     assert "could not be used" in repair and "not closed" in repair
+    assert bad_calls[1].messages[-2] == {
+        "role": "assistant",
+        "content": "I'm sorry, I can't produce JSON for this {broken",
+    }
+    assert report.calls == 20
     assert kindex.validate(sample_kb) == []
     entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == bad)
     assert entry["title"] == "Rate limits"  # extractive stand-in, so it stays navigable
 
-    fake_llm.requests.clear()
-    fake_llm.script = well_behaved
-    again = kindex.reindex(sample_kb, llm_options)
+    client.calls.clear()
+    client.by_path.clear()
+    again = kindex.reindex(sample_kb, options)
 
     assert again.ok and again.calls == 1 and again.cache_hits == 18
-    assert [doc_path(r) for r in fake_llm.requests] == [bad]
+    assert client.labels() == [bad]
     entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == bad)
     assert entry["title"] == f"标题 {bad}"
 
 
-def test_a_failed_document_keeps_its_previous_entry(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    kindex.reindex(sample_kb, llm_options)
-    (sample_kb / "sync" / "离线模式.md").write_text("# 离线模式\n\n新的内容：离线最多保存 60 天。\n", encoding="utf-8")
-    fake_llm.script = lambda r: Reply("not json at all")
+def test_a_repair_request_that_gets_a_good_answer_is_used(sample_kb: Path) -> None:
+    client = FakeClient(by_path={"离线模式.md": "not json"}, repair=well_behaved)
 
-    report = kindex.reindex(sample_kb, llm_options)
+    report = kindex.reindex(sample_kb, client_options(client))
 
-    assert [f.path for f in report.failures] == ["sync/离线模式.md"]
+    assert report.ok and report.calls == 20
+    assert [c.repair for c in client.calls if c.path == "离线模式.md"] == [False, True]
     entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
     assert entry["title"] == "标题 离线模式.md"
 
 
-def test_sub_and_doc_steps_merge_into_the_theme_index(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    first = kindex.doc(sample_kb, "billing", "发票开具.md", llm_options, clear_dir=True)
-    second = kindex.doc(sample_kb, "billing", "企业采购/合同与盖章.md", llm_options)
+def test_a_failed_document_keeps_its_previous_entry(sample_kb: Path, fake_client: FakeClient) -> None:
+    kindex.reindex(sample_kb, client_options(fake_client))
+    (sample_kb / "sync" / "离线模式.md").write_text("# 离线模式\n\n新的内容：离线最多保存 60 天。\n", encoding="utf-8")
+    failing = FakeClient(root="not json at all", doc="not json at all")
+
+    report = kindex.reindex(sample_kb, client_options(failing))
+
+    assert [f.path for f in report.failures] == ["sync/离线模式.md"]
+    assert [c.label for c in failing.calls] == ["离线模式.md", "离线模式.md"]  # the edit, and its repair re-ask
+    entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
+    assert entry["title"] == "标题 离线模式.md"
+
+
+def test_a_call_error_fails_its_document_and_counts_its_retries(sample_kb: Path) -> None:
+    error = call_error("InternalServerError (HTTP 503) after 3 attempts: down", retries=2)
+    client = FakeClient(by_path={"离线模式.md": error})
+
+    report = kindex.reindex(sample_kb, client_options(client))
+
+    assert [f.path for f in report.failures] == ["sync/离线模式.md"]
+    assert report.failures[0].reason == error.message
+    assert [c.label for c in client.calls].count("离线模式.md") == 1  # a call error gets no repair re-ask
+    assert (report.calls, report.retries) == (19, 2)
+    entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
+    assert entry["title"] == "离线模式"  # the extractive stand-in
+    assert kindex.validate(sample_kb) == []
+
+
+def test_sub_and_doc_steps_merge_into_the_theme_index(sample_kb: Path, fake_client: FakeClient) -> None:
+    options = client_options(fake_client)
+    first = kindex.doc(sample_kb, "billing", "发票开具.md", options, clear_dir=True)
+    second = kindex.doc(sample_kb, "billing", "企业采购/合同与盖章.md", options)
 
     assert (first.completed, first.total, second.completed) == (1, 1, 1)
+    assert fake_client.labels() == ["企业采购/合同与盖章.md", "发票开具.md"]
     billing = load(sample_kb / "billing" / "index.json")
     assert [d["path"] for d in billing["documents"]] == ["企业采购/合同与盖章.md", "发票开具.md"]
 
-    kindex.doc(sample_kb, "billing", "退款政策.md", llm_options, clear_dir=True)
+    kindex.doc(sample_kb, "billing", "退款政策.md", options, clear_dir=True)
     assert [d["path"] for d in load(sample_kb / "billing" / "index.json")["documents"]] == ["退款政策.md"]
 
-    report = kindex.sub(sample_kb, "billing", llm_options)
+    fake_client.calls.clear()
+    report = kindex.sub(sample_kb, "billing", options)
     assert (report.completed, report.total) == (6, 6)
     assert len(load(sample_kb / "billing" / "index.json")["documents"]) == 6
     assert report.cache_hits == 3  # the documents answered by the doc steps are not paid for again
+    assert fake_client.labels() == ["企业采购/对公转账.md", "套餐与价格.md", "自动续费.md"]
 
 
-def test_globs_the_model_invents_are_dropped(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    def script(request: dict[str, Any]) -> Reply:
-        obj = good_root(request) if is_root(request) else good_doc(request)
+def test_globs_the_model_invents_are_dropped(sample_kb: Path) -> None:
+    def globbing(call: Call) -> str:
+        obj = good_root(call) if call.kind == "root" else good_doc(call)
         for entry in obj.get("themes", []) + obj.get("documents", []) + [obj]:
             entry["paths"] = ["**/*.tsx", "**/*.md"]
-        return Reply(json.dumps(obj, ensure_ascii=False))
+        return json.dumps(obj, ensure_ascii=False)
 
-    fake_llm.script = script
-    kindex.reindex(sample_kb, llm_options)
+    kindex.reindex(sample_kb, client_options(FakeClient(root=globbing, doc=globbing)))
 
     conditional = []
     for path in sample_kb.rglob("index.json"):
@@ -210,20 +279,17 @@ def test_a_proposed_glob_is_kept_when_the_document_names_that_file_type() -> Non
     assert doc_entry(answer, "a.md", evidence="How refunds work").paths == ()
 
 
-def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_call(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
-) -> None:
-    def script(request: dict[str, Any]) -> Reply:
-        inner = well_behaved(request).content or ""
-        if '"themes"' in inner:
-            return Reply(inner)
-        obj = json.loads(inner)
-        looping = ", ".join(f'"标签{i}"' for i in range(400))  # what a small model does until max_tokens
-        return Reply(f'{{"title": {json.dumps(obj["title"])}, "summary": "摘要完整。", "tags": [{looping}')
+def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_call(sample_kb: Path) -> None:
+    def looping(call: Call) -> str:
+        obj = good_doc(call)
+        tags = ", ".join(f'"标签{i}"' for i in range(400))  # what a small model does until max_tokens
+        return f'{{"title": {json.dumps(obj["title"], ensure_ascii=False)}, "summary": "摘要完整。", "tags": [{tags}'
 
-    fake_llm.script = script
-    report = kindex.reindex(sample_kb, llm_options)
+    client = FakeClient(doc=looping)
+    report = kindex.reindex(sample_kb, client_options(client))
 
     assert report.ok and report.calls == 19  # every document answered, no repair request, no failure
+    assert not any(c.repair for c in client.calls)
     doc = load(sample_kb / "sync" / "index.json")["documents"][0]
-    assert doc["summary"] == "摘要完整。" and doc["title"]  # the complete members kept, the cut-off tags dropped
+    assert doc["summary"] == "摘要完整。" and doc["title"] == f"标题 {doc['path']}"  # complete members kept
+    assert doc["tags"] == []  # the cut-off list is dropped whole
