@@ -11,63 +11,68 @@ from click.testing import CliRunner
 import kindex
 from kindex import Options, templating
 from kindex.cli import main
-from tests.fakellm import FakeLLM, doc_path, is_root
-
-
-def paths_called(server: FakeLLM) -> list[str]:
-    return sorted("ROOT" if is_root(r) else doc_path(r) for r in server.requests)
+from tests.conftest import client_options
+from tests.fakeclient import FakeClient
+from tests.fakellm import FakeLLM
 
 
 def test_second_run_makes_no_call_and_rewrites_nothing(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
 ) -> None:
-    kindex.reindex(sample_kb, llm_options)
+    kindex.reindex(sample_kb, fake_options)
     before = {p: p.stat().st_mtime_ns for p in sample_kb.rglob("index.json")}
-    fake_llm.requests.clear()
+    assert len(before) == 5
+    fake_client.calls.clear()
 
-    again = kindex.reindex(sample_kb, llm_options)
+    again = kindex.reindex(sample_kb, fake_options)
 
-    assert fake_llm.requests == [] and again.calls == 0 and again.cache_hits == 19
+    assert fake_client.calls == [] and again.calls == 0 and again.cache_hits == 19
     assert again.written == ()  # unchanged files are not replaced, so readers keep their cache
     assert {p: p.stat().st_mtime_ns for p in sample_kb.rglob("index.json")} == before
 
 
-def test_an_edited_document_costs_exactly_one_call(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    kindex.reindex(sample_kb, llm_options)
-    fake_llm.requests.clear()
+def test_an_edited_document_costs_exactly_one_call(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    kindex.reindex(sample_kb, fake_options)
+    fake_client.calls.clear()
     doc = sample_kb / "sync" / "离线模式.md"
     doc.write_text(doc.read_text(encoding="utf-8") + "\n离线记录会加密保存。\n", encoding="utf-8")
 
-    report = kindex.reindex(sample_kb, llm_options)
+    report = kindex.reindex(sample_kb, fake_options)
 
-    assert paths_called(fake_llm) == ["离线模式.md"]
+    assert fake_client.labels() == ["离线模式.md"]
+    assert "离线记录会加密保存" in fake_client.calls[0].excerpt
     assert report.calls == 1 and report.cache_hits == 18
     assert report.notes == (), report.notes
 
 
-def test_a_deleted_document_and_theme_leave_no_entry(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    kindex.reindex(sample_kb, llm_options)
+def test_a_deleted_document_and_theme_leave_no_entry(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    kindex.reindex(sample_kb, fake_options)
     (sample_kb / "sync" / "离线模式.md").unlink()
     for path in (sample_kb / "account").iterdir():
         path.unlink()
     (sample_kb / "account").rmdir()
-    fake_llm.requests.clear()
+    fake_client.calls.clear()
 
-    kindex.reindex(sample_kb, llm_options)
+    kindex.reindex(sample_kb, fake_options)
 
-    assert paths_called(fake_llm) == ["ROOT"]  # the root's inputs changed; no document needs a new answer
+    assert fake_client.labels() == ["ROOT"]  # the root's inputs changed; no document needs a new answer
+    assert fake_client.calls[0].root_dirs == ["billing", "developer", "sync"]
     root = orjson.loads((sample_kb / "index.json").read_bytes())
     assert [t["dir"] for t in root["themes"]] == ["billing", "developer", "sync"]
     sync = orjson.loads((sample_kb / "sync" / "index.json").read_bytes())
-    assert "离线模式.md" not in [d["path"] for d in sync["documents"]]
+    assert "离线模式.md" not in [d["path"] for d in sync["documents"]] and len(sync["documents"]) == 3
     assert kindex.validate(sample_kb) == []
 
 
 def test_changing_a_prompt_template_recomputes_what_it_affects(
-    sample_kb: Path, fake_llm: FakeLLM, llm_options: Options, monkeypatch: pytest.MonkeyPatch
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kindex.reindex(sample_kb, llm_options)
-    fake_llm.requests.clear()
+    kindex.reindex(sample_kb, fake_options)
+    fake_client.calls.clear()
     original = templating._source
 
     def edited(name: str) -> str:
@@ -78,34 +83,49 @@ def test_changing_a_prompt_template_recomputes_what_it_affects(
     templating._env.cache_clear()
     templating.version.cache_clear()
     try:
-        report = kindex.reindex(sample_kb, llm_options)
+        report = kindex.reindex(sample_kb, fake_options)
     finally:
         templating._env.cache_clear()
         templating.version.cache_clear()
 
     assert report.calls == 18 and report.cache_hits == 1  # every document again; the root is unaffected
-    assert "Prefer nouns in tags." in fake_llm.requests[0]["messages"][0]["content"]
+    assert len(fake_client.doc_calls()) == 18 and fake_client.root_calls() == []
+    assert all("Prefer nouns in tags." in c.system for c in fake_client.calls)
 
 
-def test_force_ignores_the_cache(sample_kb: Path, fake_llm: FakeLLM, llm_options: Options) -> None:
-    kindex.reindex(sample_kb, llm_options)
-    fake_llm.requests.clear()
-    report = kindex.reindex(sample_kb, Options(llm=llm_options.llm, force=True))
-    assert report.calls == 19 and len(fake_llm.requests) == 19
+def test_force_ignores_the_cache(sample_kb: Path, fake_client: FakeClient, fake_options: Options) -> None:
+    kindex.reindex(sample_kb, fake_options)
+    fake_client.calls.clear()
+    report = kindex.reindex(sample_kb, client_options(fake_client, force=True))
+    assert report.calls == 19 and report.cache_hits == 0 and len(fake_client.calls) == 19
 
 
-def test_dry_run_lists_the_calls_without_making_them(sample_kb: Path, fake_llm: FakeLLM) -> None:
+def test_another_model_does_not_reuse_the_answers_of_the_first(sample_kb: Path, fake_client: FakeClient) -> None:
+    kindex.reindex(sample_kb, client_options(fake_client))
+    fake_client.calls.clear()
+    report = kindex.reindex(sample_kb, client_options(fake_client, llm=kindex.LLMSettings(model="other-model")))
+    assert report.cache_hits == 0 and len(fake_client.calls) == 19
+
+
+def test_dry_run_lists_the_calls_without_making_them(
+    sample_kb: Path, fake_llm: FakeLLM, fake_client: FakeClient
+) -> None:
     env = {"KINDEX_MODEL": "openai/fake", "KINDEX_API_BASE": fake_llm.url}
     result = CliRunner().invoke(main, ["reindex", str(sample_kb), "--dry-run"], env=env)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("dry run (llm:openai/fake): 19 model calls, 0 answers cached")
     assert "  call: billing/企业采购/对公转账.md" in result.stdout and "cost unknown" in result.stdout
-    assert fake_llm.requests == [] and not (sample_kb / "index.json").exists()
+    assert not (sample_kb / "index.json").exists()
 
-    kindex.reindex(sample_kb, Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url)))
+    settings = kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url)
+    kindex.reindex(sample_kb, Options(llm=settings, client=fake_client))
     (sample_kb / "导读.md").write_text("# 导读\n\n新的导读。", encoding="utf-8")
-    plan = kindex.dry_run(sample_kb, Options(llm=kindex.LLMSettings(model="openai/fake", api_base=fake_llm.url)))
+    fake_client.calls.clear()
+    # The answers are cached by what determines them, not by the client that fetched them.
+    plan = kindex.dry_run(sample_kb, Options(llm=settings))
     assert plan.items == ("index.json",) and plan.calls == 1 and plan.cached == 18 and plan.estimated_prompt_tokens > 0
+    assert kindex.dry_run(sample_kb, Options(llm=settings, client=fake_client)) == plan
+    assert fake_client.calls == [] and fake_llm.requests == []  # a dry run calls no model, through any client
 
 
 def test_dry_run_prices_a_model_litellm_knows(sample_kb: Path) -> None:
