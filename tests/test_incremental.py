@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -105,6 +106,23 @@ def test_another_model_does_not_reuse_the_answers_of_the_first(sample_kb: Path, 
     fake_client.calls.clear()
     report = kindex.reindex(sample_kb, client_options(fake_client, llm=kindex.LLMSettings(model="other-model")))
     assert report.cache_hits == 0 and len(fake_client.calls) == 19
+
+
+def test_doc_steps_do_not_grow_the_answer_cache(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    kindex.reindex(sample_kb, fake_options)
+    fake_client.calls.clear()
+    doc = sample_kb / "billing" / "退款政策.md"
+    for i in range(3):  # three edits of the excerpt the model sees, three answers for the same document
+        text = doc.read_text(encoding="utf-8").replace("# 退款政策\n", f"# 退款政策\n\n第 {i} 次修订。\n", 1)
+        doc.write_text(text, encoding="utf-8")
+        kindex.doc(sample_kb, "billing", "退款政策.md", fake_options)
+    assert fake_client.labels() == ["退款政策.md"] * 3
+    assert "第 2 次修订" in fake_client.calls[-1].excerpt
+    with sqlite3.connect(sample_kb / ".kindex" / "answers.sqlite") as db:
+        rows = db.execute("SELECT count(*), count(DISTINCT label) FROM answers").fetchone()
+    assert rows[0] == rows[1] == 19  # one per theme document (18) and the root: superseded answers are gone
 
 
 def test_dry_run_lists_the_calls_without_making_them(

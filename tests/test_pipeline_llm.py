@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 import kindex
 from kindex import Options
@@ -293,3 +295,28 @@ def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_ca
     doc = load(sample_kb / "sync" / "index.json")["documents"][0]
     assert doc["summary"] == "摘要完整。" and doc["title"] == f"标题 {doc['path']}"  # complete members kept
     assert doc["tags"] == []  # the cut-off list is dropped whole
+
+
+def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)  # offline first: the theme exists, its documents get extractive stand-ins
+    before = (sample_kb / "sync" / "index.json").read_bytes()
+    client = FakeClient(doc=call_error(retries=1))
+
+    report = kindex.sub(sample_kb, "sync", client_options(client))
+
+    assert len(report.failures) == 4 and len(client.calls) == 4
+    assert (report.calls, report.retries) == (4, 4)  # each failed call was made twice
+    assert (sample_kb / "sync" / "index.json").read_bytes() == before  # the stand-ins stay as they were
+    assert report.written == ()
+
+
+def test_a_kb_deleted_during_the_run_fails_and_is_not_recreated(sample_kb: Path) -> None:
+    def delete_then_answer(call: Call) -> str:
+        shutil.rmtree(sample_kb, ignore_errors=True)
+        return well_behaved(call)
+
+    client = FakeClient(root=delete_then_answer, doc=delete_then_answer)
+    with pytest.raises(kindex.KBNotFoundError, match="disappeared during the run"):
+        kindex.reindex(sample_kb, client_options(client, concurrency=1))
+    assert len(client.calls) >= 1
+    assert not sample_kb.exists()  # no index file, no cache, no lock file brought the folder back
