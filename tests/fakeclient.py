@@ -34,6 +34,8 @@ class Call:
 
     messages: tuple[dict[str, str], ...]
     json_schema: Mapping[str, Any]
+    errors_before: int = 0
+    """How many calls the client had answered with an exception when this one was made."""
 
     @property
     def user(self) -> str:
@@ -127,6 +129,8 @@ class FakeClient:
         """Scripts for single documents (by the path the prompt names), before ``doc``."""
         self.delay = delay
         self.calls: list[Call] = []
+        self.raised: list[Call] = []
+        """The calls answered with an exception, in the order they were raised."""
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -139,7 +143,7 @@ class FakeClient:
         return self.by_path.get(call.path, self.doc)
 
     async def complete(self, messages: Sequence[Mapping[str, str]], *, json_schema: Mapping[str, Any]) -> Completion:
-        call = Call(tuple(dict(m) for m in messages), json_schema)
+        call = Call(tuple(dict(m) for m in messages), json_schema, len(self.raised))
         self.calls.append(call)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -150,6 +154,7 @@ class FakeClient:
         finally:
             self.in_flight -= 1
         if isinstance(answer, BaseException):
+            self.raised.append(call)
             raise answer
         if isinstance(answer, Completion):
             return answer

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,72 @@ def test_a_kb_deleted_during_the_run_fails_and_is_not_recreated(sample_kb: Path)
         kindex.reindex(sample_kb, client_options(client, concurrency=1))
     assert len(client.calls) >= 1
     assert not sample_kb.exists()  # no index file, no cache, no lock file brought the folder back
+
+
+def test_a_fatal_model_error_stops_the_run_and_writes_nothing(sample_kb: Path) -> None:
+    client = FakeClient(doc=kindex.ModelError("model 'fake-model' cannot be used: invalid api key"), delay=0.01)
+
+    with pytest.raises(kindex.ModelError, match="cannot be used"):
+        kindex.reindex(sample_kb, client_options(client, concurrency=2))
+
+    assert client.raised and len(client.calls) < 19  # the run stopped early
+    # What was written before the error is whole; the themes whose documents failed have no index yet.
+    problems = kindex.validate(sample_kb)
+    assert problems and all(p.endswith("missing (run `kindex reindex`)") for p in problems), problems
+    assert list(sample_kb.rglob("*.tmp")) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="kindex starts calls after a fatal error: a semaphore slot freed by the failing or cancelled calls "
+    "goes to a waiting document (of the same theme, then of other themes) before the cancellation reaches it. "
+    "Over HTTP the started calls are cancelled before litellm sends them, so test_llm_faults sees no request; "
+    "remove this marker when generation stops starting calls after the first fatal error.",
+)
+def test_no_call_is_started_after_a_fatal_model_error(sample_kb: Path) -> None:
+    client = FakeClient(doc=kindex.ModelError("model 'fake-model' cannot be used: invalid api key"), delay=0.01)
+
+    with pytest.raises(kindex.ModelError):
+        kindex.reindex(sample_kb, client_options(client, concurrency=2))
+
+    assert [c.label for c in client.calls if c.errors_before > 0] == []
+
+
+def test_a_cancel_stops_new_calls_and_late_answers_write_nothing(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb, client_options(FakeClient()))
+    before = {p: p.read_bytes() for p in sample_kb.rglob("index.json")}
+    for doc in sample_kb.rglob("*.md"):  # every answer is needed again
+        doc.write_text(doc.read_text(encoding="utf-8") + "\n改过。\n", encoding="utf-8")
+    cancel = threading.Event()
+
+    def cancel_then_answer(call: Call) -> str:
+        cancel.set()  # the cancel arrives while this call is in flight
+        obj = good_root(call) if call.kind == "root" else {**good_doc(call), "title": "取消后的答案"}
+        return json.dumps(obj, ensure_ascii=False)
+
+    client = FakeClient(root=cancel_then_answer, doc=cancel_then_answer)
+    with pytest.raises(kindex.CancelledRun):
+        kindex.reindex(sample_kb, client_options(client, concurrency=1, force=True, cancel=cancel))
+
+    assert len(client.calls) == 1  # no call was started after the cancel
+    assert {p: p.read_bytes() for p in sample_kb.rglob("index.json")} == before
+    assert list(sample_kb.rglob("*.tmp")) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the repair re-ask inside LLMGenerator._ask is sent without checking the cancel (Options.cancel says no "
+    "model call is started after it); remove this marker when it checks",
+)
+def test_no_repair_request_is_sent_after_a_cancel(sample_kb: Path) -> None:
+    cancel = threading.Event()
+
+    def cancel_then_garbage(call: Call) -> str:
+        cancel.set()
+        return "not json"
+
+    client = FakeClient(root=cancel_then_garbage, doc=cancel_then_garbage)
+    with pytest.raises(kindex.CancelledRun):
+        kindex.reindex(sample_kb, client_options(client, concurrency=1, cancel=cancel))
+
+    assert [c.repair for c in client.calls] == [False]
