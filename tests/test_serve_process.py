@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import kindex
 from tests.conftest import REPO, SAMPLE_KB
-from tests.fakellm import FakeLLM, Reply, well_behaved
+from tests.fakellm import FakeLLM, Reply, doc_path, good_doc
 
 TOKEN = "process-token"
 
@@ -70,24 +74,54 @@ def test_reindex_and_context_over_the_network(
     assert httpx.get(f"{client.base_url}/v1/agents/agent1/knowledge/index").status_code == 401
 
 
-def test_sigterm_cancels_running_tasks_and_leaves_the_index_valid(
+def kb_state(kb: Path) -> tuple[dict[str, str], set[tuple[str, str]]]:
+    """What a run writes: a digest of every file of the KB (index files, search tables) and the cached answers.
+
+    The writer lock's own files and SQLite's raw pages (which a checkpoint may move without a new answer) are left
+    out; the answers are compared as rows.
+    """
+    files = {
+        p.relative_to(kb).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        for p in kb.rglob("*")
+        if p.is_file() and not p.name.startswith(("write.", "answers.sqlite"))
+    }
+    with sqlite3.connect(kb / ".kindex" / "answers.sqlite") as db:
+        answers = {(str(k), str(label)) for k, label in db.execute("SELECT key, label FROM answers")}
+    return files, answers
+
+
+def test_sigterm_cancels_the_running_task_and_nothing_is_written_after_it(
     server: tuple[subprocess.Popen[str], httpx.Client], kb_root: Path, fake_llm: FakeLLM
 ) -> None:
     proc, client = server
+    agent = kb_root / "agent1"
     assert client.post("/v1/agents/agent1/knowledge/reindex").status_code == 200  # a complete index first
-    (kb_root / "agent1" / "sync" / "离线模式.md").write_text("# 离线模式\n\n改过了。\n", encoding="utf-8")
-    fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=2.0)
+    (agent / "sync" / "离线模式.md").write_text("# 离线模式\n\n改过了。\n", encoding="utf-8")
+
+    def late_new_entry(request: dict[str, Any]) -> Reply:
+        # A different entry than the index holds: a run that went on after the signal would rewrite sync/index.json,
+        # cache the answer and rebuild the search tables for the edited text.
+        obj = {**good_doc(request), "title": "信号之后的答案"}
+        return Reply(json.dumps(obj, ensure_ascii=False), latency=3.0)
+
+    fake_llm.script = late_new_entry
     fake_llm.requests.clear()
     task = client.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()
     assert task["state"] in ("queued", "running")
     fake_llm.wait_for_requests(1)
+    assert doc_path(fake_llm.requests[0]) == "离线模式.md"  # the edited document's call is in flight
+    before = kb_state(agent)
 
     proc.send_signal(signal.SIGTERM)
     # uvicorn shuts down gracefully, then re-raises the signal so the exit status still says SIGTERM.
     assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
     assert proc.stderr is not None and "Application shutdown complete" in proc.stderr.read()
-    assert kindex.validate(kb_root / "agent1") == []
-    assert list((kb_root / "agent1").rglob("*.tmp")) == []
+
+    assert len(fake_llm.requests) == 1  # the answer arrived after the cancel; nothing else was asked
+    assert kb_state(agent) == before  # the late answer was neither used, cached nor indexed
+    assert "信号之后的答案" not in (agent / "sync" / "index.json").read_text(encoding="utf-8")
+    assert kindex.validate(agent) == []
+    assert list(agent.rglob("*.tmp")) == []
 
 
 def test_without_a_token_it_refuses_to_listen_beyond_loopback(kb_root: Path) -> None:
