@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 from kindex.cli import main
@@ -107,6 +108,7 @@ def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: 
     assert run("validate", str(sample_kb))[0] == 0
 
 
+@pytest.mark.slow  # a fresh interpreter, to see what it imports
 def test_help_preview_and_validate_never_import_litellm(sample_kb: Path) -> None:
     probe = (
         "import sys\n"

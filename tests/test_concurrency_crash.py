@@ -18,6 +18,8 @@ from tests.conftest import REPO
 from tests.fakeclient import FakeClient
 from tests.fakellm import FakeLLM, Reply, well_behaved
 
+pytestmark = pytest.mark.slow  # every test runs kindex in subprocesses (to kill them, or to race them)
+
 
 def kindex_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "kindex.cli", *args]

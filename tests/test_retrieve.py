@@ -205,6 +205,7 @@ def test_context_cli_prints_text_and_json(indexed: Path) -> None:
     assert "# billing/发票开具.md  score" in result.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter, to see what it imports
 def test_context_never_imports_litellm(indexed: Path) -> None:
     probe = (
         "import sys\nfrom click.testing import CliRunner\nfrom kindex.cli import main\n"

@@ -24,6 +24,8 @@ from tests.fakellm import FakeLLM, Reply, doc_path, good_doc
 
 TOKEN = "process-token"
 
+pytestmark = pytest.mark.slow  # every test runs `kindex serve` as a process
+
 
 def start(kb_root: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(

@@ -186,6 +186,7 @@ def test_a_server_fault_is_a_500_without_a_stack_trace(app: FastAPI, monkeypatch
     assert r.json() == {"error": {"code": "internal_error", "message": "internal error; see the server log"}}
 
 
+@pytest.mark.slow  # a fresh interpreter, to see what it imports
 def test_context_never_imports_litellm(kb_root: Path) -> None:
     kindex.reindex(kb_root / "agent1")
     probe = (

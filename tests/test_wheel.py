@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # builds a wheel with pip and imports it in a fresh interpreter
 
 PROBE = """
 import sys, kindex, kindex.cli  # the CLI and its command modules are part of the wheel too
