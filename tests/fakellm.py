@@ -37,7 +37,8 @@ Script = Callable[[dict[str, Any]], Reply]
 
 def user_text(request: dict[str, Any]) -> str:
     """The first user message of a chat request (the one kindex renders from its templates)."""
-    return next(m["content"] for m in request["messages"] if m["role"] == "user")
+    text: str = next(m["content"] for m in request["messages"] if m["role"] == "user")
+    return text
 
 
 def is_root(request: dict[str, Any]) -> bool:

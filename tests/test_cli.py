@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -92,10 +93,10 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
 
 
 def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: FakeLLM) -> None:
-    def script(request: dict[str, object]) -> Reply:
-        if not is_root(request) and doc_path(request) == "离线模式.md":  # type: ignore[arg-type]
+    def script(request: dict[str, Any]) -> Reply:
+        if not is_root(request) and doc_path(request) == "离线模式.md":
             return Reply("garbage")
-        return well_behaved(request)  # type: ignore[arg-type]
+        return well_behaved(request)
 
     fake_llm.script = script
     env = {"KINDEX_MODEL": "openai/fake", "KINDEX_API_BASE": fake_llm.url, "KINDEX_RETRY_BASE_DELAY": "0"}

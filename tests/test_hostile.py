@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def _rewrite_npz(kb: Path, **changes: np.ndarray) -> None:
     np.savez(_npz(kb), **arrays)
 
 
-DAMAGE = {
+DAMAGE: dict[str, Callable[[Path], object]] = {
     "truncated": lambda kb: os.truncate(_npz(kb), 1000),
     "empty": lambda kb: _npz(kb).write_bytes(b""),
     "random bytes": lambda kb: _npz(kb).write_bytes(os.urandom(5000)),
@@ -416,14 +417,14 @@ def test_the_write_lock_is_taken_before_the_model_adapter_loads(
     sample_kb: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import kindex.generate as generate
+    from kindex.generators import make_generator as real
     from kindex.lock import HOLDER_FILE
 
     held_when_loading: list[bool] = []
-    real = generate.make_generator
 
-    def spy(*args: object, **kwargs: object) -> object:
+    def spy(settings: kindex.LLMSettings, client: kindex.LLMClient | None = None) -> kindex.Generator:
         held_when_loading.append((sample_kb / ".kindex" / HOLDER_FILE).exists())
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return real(settings, client)
 
     monkeypatch.setattr(generate, "make_generator", spy)
     kindex.reindex(sample_kb)

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -49,7 +50,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api(case: schemathesis.Case) -> None:
+def test_api(case: schemathesis.Case[Any]) -> None:
     params = case.path_parameters or {}
     if "agent_id" in params and params["agent_id"] not in AGENTS:
         params["agent_id"] = (*AGENTS, "nobody")[len(params["agent_id"]) % 3]  # mostly agents that exist

@@ -34,7 +34,8 @@ def indexed(sample_kb: Path) -> Path:
 
 def make_kb(root: Path, docs: dict[str, tuple[DocItem, str]], themes: tuple[ThemeItem, ...] = ()) -> Path:
     """A KB whose index is written by hand: {relative path: (entry, file text)}."""
-    root_docs, by_theme = [], {}
+    root_docs: list[DocItem] = []
+    by_theme: dict[str, list[DocItem]] = {}
     for rel, (item, text) in docs.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text, encoding="utf-8")

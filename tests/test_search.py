@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -115,7 +116,12 @@ def test_questions_are_an_optional_bounded_field_indexed_for_search(indexed: Pat
 def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     analysed: list[str] = []
     real = searchindex._doc_fields
-    monkeypatch.setattr(searchindex, "_doc_fields", lambda src, vocab: analysed.append(src.path) or real(src, vocab))
+
+    def spy(src: Any, vocab: Any) -> Any:
+        analysed.append(src.path)
+        return real(src, vocab)
+
+    monkeypatch.setattr(searchindex, "_doc_fields", spy)
     doc = indexed / "billing" / "自动续费.md"
     doc.write_text(doc.read_text(encoding="utf-8") + "\n海外信用卡付款失败时，请改用支付宝。\n", encoding="utf-8")
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import stat
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import orjson
@@ -63,7 +66,7 @@ def library(tmp_path: Path) -> Path:
     return kb
 
 
-def make_zip(files: dict[str, str | bytes], *, modes: dict[str, int] | None = None) -> bytes:
+def make_zip(files: Mapping[str, str | bytes], *, modes: dict[str, int] | None = None) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns about the duplicate names some tests need
@@ -256,18 +259,19 @@ def test_an_interrupted_sync_leaves_the_previous_skills_intact(
     write(library / "data-services" / "reference" / "backup.md", "# Changed\n\nnew text\n")
     write(library / "pdf-tools" / "SKILL.md", skill_md("pdf-tools", "Changed too."))
     calls = 0
-    real = skills.shutil.copyfile
+    real = shutil.copyfile
 
-    def dying_copy(src: object, dst: object) -> object:
+    def dying_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str | os.PathLike[str]:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise OSError(28, "No space left on device")
-        return real(src, dst)  # type: ignore[arg-type]
+        return real(src, dst)
 
-    monkeypatch.setattr(skills.shutil, "copyfile", dying_copy)
+    monkeypatch.setattr(shutil, "copyfile", dying_copy)  # the module kindex.skills copies with
     with pytest.raises(OSError, match="No space left"):
         skills.sync_skills(library, dest)
+    assert calls == 2
 
     after = {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
     assert {k: v for k, v in after.items() if not k.startswith(".sync-new-")} == before
