@@ -23,5 +23,6 @@ def test_offline_reindex_of_a_real_corpus_validates(corpus: str, tmp_path: Path)
 
     assert report.ok and report.completed == report.total == kindex.preview(kb).steps_total
     assert kindex.validate(kb) == []
-    titles = [d.title for d in kindex.parse_index((kb / "index.json").read_bytes())[0].documents]
-    assert all(titles)
+    root, _ = kindex.parse_index((kb / "index.json").read_bytes())
+    assert root.themes and [t.dir for t in root.themes] == list(kindex.scan(kb).themes)
+    assert all(t.title and t.summary for t in root.themes) and all(d.title for d in root.documents)

@@ -99,7 +99,11 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
 
     busy = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"})
     assert busy.status_code == 409
-    assert busy.json()["error"] == {"code": "busy", "message": busy.json()["error"]["message"], "task_id": task_id}
+    assert busy.json()["error"] == {
+        "code": "busy",
+        "message": f"agent 'agent1' is being reindexed by task {task_id}",
+        "task_id": task_id,
+    }
 
     cancelled = call(app, "DELETE", f"/v1/tasks/{task_id}")
     assert cancelled.status_code == 200

@@ -222,11 +222,14 @@ def test_export_and_delete(library: Path, tmp_path: Path) -> None:
     names = sorted(zipfile.ZipFile(out).namelist())
     assert names == ["data-services/SKILL.md", "data-services/reference/README.md", "data-services/reference/backup.md"]
 
-    CliRunner().invoke(main, ["skills", "delete", str(library), "data-services"])
+    query = "restore a backup in another region"
+    assert kindex.find_skills(library, query)[0].name == "data-services"
+    result = CliRunner().invoke(main, ["skills", "delete", str(library), "data-services"])
+    assert result.exit_code == 0, result.output
     assert not (library / "data-services").exists()
     root = orjson.loads((library / "index.json").read_bytes())
     assert "data-services" not in [t["dir"] for t in root["themes"]]
-    assert all(h.name != "data-services" for h in kindex.find_skills(library, "restore a backup in another region"))
+    assert "data-services" not in [h.name for h in kindex.find_skills(library, query)]  # found before, not now
 
     back = skills.import_skill(library, out.read_bytes())
     assert back.name == "data-services" and kindex.find_skills(library, "restore backup region")[0].name == back.name

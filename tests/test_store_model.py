@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kindex import DocItem, Index, ThemeItem, parse_index
+from kindex import AnswerError, DocItem, Index, ThemeItem, parse_index
 from kindex.records import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
 from kindex.sanitize import doc_entry
 from kindex.store import Cache, atomic_write
@@ -38,7 +38,7 @@ def test_field_bounds_are_enforced_on_model_answers() -> None:
 
 
 def test_doc_entry_requires_a_title_and_summary_and_author_globs_win() -> None:
-    with pytest.raises(Exception, match="no usable title or summary"):
+    with pytest.raises(AnswerError, match="no usable title or summary"):
         doc_entry({"title": " ", "summary": None, "tags": []}, "a.md")
     item = doc_entry({"title": "T", "summary": "S", "paths": ["**/*.py"]}, "a.md", ("**/*.tsx",))
     assert item.paths == ("**/*.tsx",)
