@@ -168,7 +168,7 @@ def test_a_tokenless_app_refuses_requests_arriving_on_a_public_socket(sample_kb:
             scope = {**scope, "server": ("203.0.113.7", 8765)}
         await app(scope, receive, send)
 
-    public = TestClient(as_if_bound_publicly, base_url="http://localhost")  # type: ignore[arg-type]
+    public = TestClient(as_if_bound_publicly, base_url="http://localhost")
     response = public.get(f"/v1/agents/{agent}/knowledge/reindex/preview")
     assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
 
