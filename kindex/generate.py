@@ -189,7 +189,7 @@ def _run(
     started = time.monotonic()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait):
-        generator = make_generator(opts.llm, opts.client)
+        generator = make_generator(opts.llm, opts.client, opts.cancel)
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
         runner.report.skipped = list(s.skipped)
@@ -289,6 +289,8 @@ class _Runner:
         self.live_keys: set[str] = set()
         self.report = _Tally(step=step, generator=generator.name, offline=generator.offline)
         self._sem: asyncio.Semaphore | None = None
+        self._fatal = False
+        """Set when a call failed for the whole run (a bad key, an unknown model): no further call starts."""
 
     @property
     def sem(self) -> asyncio.Semaphore:
@@ -326,12 +328,17 @@ class _Runner:
                 return Answer(cached)
         async with self.sem:
             self._check_cancel()
+            if self._fatal:  # a slot freed by the failed call must not start another one before the cancel lands
+                raise CancelledRun("stopped after a fatal model error")
             try:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
                 self.report.usage.merge(exc.usage)
                 self.report.failures.append(Failure(path=label, reason=exc.message))
                 return None
+            except BaseException:
+                self._fatal = True
+                raise
         self.report.usage.merge(answer.usage)
         self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:

@@ -7,6 +7,7 @@ generator is a drop-in stand-in for a model, and a model's failure can fall back
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,7 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from kindex import extractive, templating
-from kindex.errors import AnswerError, GenerationFailed, ModelCallError
+from kindex.errors import AnswerError, CancelledRun, GenerationFailed, ModelCallError
 from kindex.jsonextract import extract_object, salvage_truncated
 from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings, Message
 from kindex.records import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
@@ -163,9 +164,10 @@ class LLMGenerator:
 
     offline = False
 
-    def __init__(self, client: LLMClient, settings: LLMSettings) -> None:
+    def __init__(self, client: LLMClient, settings: LLMSettings, cancel: threading.Event | None = None) -> None:
         self.client = client
         self.settings = settings
+        self.cancel = cancel
         self.name = f"llm:{settings.model}"
         s = settings
         self._fingerprint = (s.model, s.temperature, s.max_tokens, templating.version("repair.j2"))
@@ -196,6 +198,8 @@ class LLMGenerator:
         usage = Usage()
         convo = list(messages)
         for attempt in (1, 2):
+            if self.cancel is not None and self.cancel.is_set():
+                raise CancelledRun("the run was cancelled; every index file is as it was before the cancel")
             try:
                 completion = await self.client.complete(convo, json_schema=schema)
             except ModelCallError as exc:
@@ -266,10 +270,15 @@ def root_messages(scan: Scan) -> list[Message]:
     ]
 
 
-def make_generator(settings: LLMSettings, client: LLMClient | None = None) -> Generator:
-    """The LLM generator when a model is configured (or a client is given), else the extractive one."""
+def make_generator(
+    settings: LLMSettings, client: LLMClient | None = None, cancel: threading.Event | None = None
+) -> Generator:
+    """The LLM generator when a model is configured (or a client is given), else the extractive one.
+
+    ``cancel``: once set, the generator starts no further model call (a repair request included).
+    """
     if client is not None:
-        return LLMGenerator(client, settings)
+        return LLMGenerator(client, settings, cancel)
     if not settings.configured:
         return ExtractiveGenerator()
-    return LLMGenerator(LiteLLMClient(settings), settings)
+    return LLMGenerator(LiteLLMClient(settings), settings, cancel)

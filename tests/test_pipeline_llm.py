@@ -336,13 +336,6 @@ def test_a_fatal_model_error_stops_the_run_and_writes_nothing(sample_kb: Path) -
     assert list(sample_kb.rglob("*.tmp")) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kindex starts calls after a fatal error: a semaphore slot freed by the failing or cancelled calls "
-    "goes to a waiting document (of the same theme, then of other themes) before the cancellation reaches it. "
-    "Over HTTP the started calls are cancelled before litellm sends them, so test_llm_faults sees no request; "
-    "remove this marker when generation stops starting calls after the first fatal error.",
-)
 def test_no_call_is_started_after_a_fatal_model_error(sample_kb: Path) -> None:
     client = FakeClient(doc=kindex.ModelError("model 'fake-model' cannot be used: invalid api key"), delay=0.01)
 
@@ -373,11 +366,6 @@ def test_a_cancel_stops_new_calls_and_late_answers_write_nothing(sample_kb: Path
     assert list(sample_kb.rglob("*.tmp")) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the repair re-ask inside LLMGenerator._ask is sent without checking the cancel (Options.cancel says no "
-    "model call is started after it); remove this marker when it checks",
-)
 def test_no_repair_request_is_sent_after_a_cancel(sample_kb: Path) -> None:
     cancel = threading.Event()
 
