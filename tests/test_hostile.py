@@ -7,6 +7,7 @@ outside the KB. Grow this module with every bug found.
 from __future__ import annotations
 
 import os
+import threading
 import shutil
 import zipfile
 from collections.abc import Callable
@@ -422,9 +423,11 @@ def test_the_write_lock_is_taken_before_the_model_adapter_loads(
 
     held_when_loading: list[bool] = []
 
-    def spy(settings: kindex.LLMSettings, client: kindex.LLMClient | None = None) -> kindex.Generator:
+    def spy(
+        settings: kindex.LLMSettings, client: kindex.LLMClient | None = None, cancel: threading.Event | None = None
+    ) -> kindex.Generator:
         held_when_loading.append((sample_kb / ".kindex" / HOLDER_FILE).exists())
-        return real(settings, client)
+        return real(settings, client, cancel)
 
     monkeypatch.setattr(generate, "make_generator", spy)
     kindex.reindex(sample_kb)
