@@ -7,8 +7,8 @@ outside the KB. Grow this module with every bug found.
 from __future__ import annotations
 
 import os
-import threading
 import shutil
+import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import kindex
+import kindex.kb
 import kindex.retrieve
 from kindex import searchindex
 from kindex.cli import main

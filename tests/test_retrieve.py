@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import kindex
+import kindex.kb
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem
 from kindex.cli import main
