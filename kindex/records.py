@@ -113,7 +113,8 @@ def clean_globs(value: object) -> tuple[str, ...]:
 
 _TEXT = r"^[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
 """Single-line text that does not start with white space: what ``clean_text`` makes of anything non-empty."""
-_RECORD = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+# defer_build: a schema is built when a model is first used, so a process pays only for the records it touches.
+_RECORD = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 Title = Annotated[str, StringConstraints(min_length=1, max_length=TITLE_MAX, pattern=_TEXT)]

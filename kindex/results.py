@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from kindex.tokenize import estimate_tokens
 
-_RESULT = ConfigDict(frozen=True, extra="forbid")
+# defer_build: `kindex context` builds Context and ContextItem, not the other fifteen shapes.
+_RESULT = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Result(BaseModel):

@@ -7,8 +7,14 @@ Exit status: 0 success, 1 failure, 2 usage error, 3 a run that finished but left
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
+
+# A one-shot command needs no pydantic plugin, and looking for them scans every installed distribution's entry
+# points (~80 ms of `kindex context` here). The records' schemas are built on first use (defer_build), after this
+# line; a user who sets the variable keeps their choice.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 import click
 import orjson
