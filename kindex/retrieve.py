@@ -16,7 +16,7 @@ import math
 import os
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from kindex.analysis import analyze, background_rate, has_han
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
-from kindex.records import INDEX_FILE, DocItem, doc_item_from
+from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem
 from kindex.scan import document_text, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
@@ -148,7 +148,7 @@ def _load(kb: Path) -> _Loaded:
         inv=inv,
         tokens=max(float(index.lengths.sum()), 1.0),
         theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.int32),
-        conditional=np.array([bool(d.item.paths) for d in index.docs], dtype=np.bool_),
+        conditional=np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_),
         path_rank=np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64),
         by_path={p: i for i, p in enumerate(paths)},
         theme_terms=theme_terms,
@@ -322,9 +322,18 @@ class _Hit:
     idx: int  # row in the search index; -1 for an overview outside it
     path: str
     level: str
-    item: DocItem
+    entry: Mapping[str, Any]
+    """The entry's JSON form: only a served hit's title and summary are read from it."""
     score: float
     reason: str
+
+    @property
+    def title(self) -> str:
+        return str(self.entry.get("title", ""))
+
+    @property
+    def summary(self) -> str:
+        return str(self.entry.get("summary", ""))
 
 
 def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: float, limit: int) -> list[_Hit]:
@@ -333,9 +342,9 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
     if scope:
         for idx in np.nonzero(loaded.conditional)[0].tolist():
             doc = loaded.index.docs[idx]
-            glob = any_match(doc.item.paths, scope, loaded.matchers)
+            glob = any_match(doc.globs, scope, loaded.matchers)
             if glob is not None:
-                hits.append(_Hit(idx, doc.path, "document", doc.item, 0.0, f"scope glob {glob}"))
+                hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & ~loaded.conditional)[0]
     if len(candidates) and float(scored.cover()[candidates].max()) >= min_relevance:
         t_scores, _ = _theme_scores(loaded, scored)
@@ -347,7 +356,7 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
         for i in order.tolist():
             idx = int(candidates[i])
             doc = loaded.index.docs[idx]
-            hits.append(_Hit(idx, doc.path, "document", doc.item, float(final[i]), "matched"))
+            hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), "matched"))
     return hits
 
 
@@ -365,6 +374,10 @@ def check_relevance(min_relevance: float) -> None:
 
 def _scope(message: str, paths: Sequence[str]) -> list[str]:
     return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + paths_in_text(_bounded(message))[:MAX_PATHS]
+
+
+# Results are built with ``model_construct``: every field comes from kindex's own tables, already checked when they
+# were loaded, and validating them again would be most of a warm call's overhead.
 
 
 class Retriever:
@@ -393,7 +406,9 @@ class Retriever:
 
     @property
     def skill_library(self) -> bool:
-        return self.loaded().skill_library
+        """Whether the KB is an Agent Skills library (as of the tables last loaded; loads them if none are)."""
+        current = self._loaded
+        return (current or self.loaded()).skill_library
 
     def search(
         self,
@@ -419,12 +434,12 @@ class Retriever:
         scored = _score(loaded, _query_terms(message, loaded))
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
         items = [
-            ContextItem(
+            ContextItem.model_construct(
                 path=h.path,
                 level=h.level,
                 score=h.score,
-                title=h.item.title,
-                abstract=h.item.summary,
+                title=h.title,
+                abstract=h.summary,
                 reason=h.reason,
                 matched=_matched(scored, h.idx) if explain else (),
             )
@@ -438,7 +453,7 @@ class Retriever:
                     t = loaded.index.themes[i]
                     matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
                     items.append(
-                        ContextItem(
+                        ContextItem.model_construct(
                             path=t.dir,
                             level="theme",
                             score=float(t_scores[i]),
@@ -512,7 +527,7 @@ def _overview_hit() -> _Hit:
         -1,
         INDEX_FILE,
         "overview",
-        DocItem(path=INDEX_FILE, title="Overview", summary="what this knowledge base holds"),
+        {"path": INDEX_FILE, "title": "Overview", "summary": "what this knowledge base holds"},
         0.0,
         "fallback",
     )
@@ -527,8 +542,8 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
         if name in seen or not servable(root, name):
             continue
         idx = loaded.by_path.get(name, -1)
-        item = loaded.index.docs[idx].item if idx >= 0 else doc_item_from({}, name)
-        out.append(_Hit(idx, name, "document", item, 0.0, "fallback"))
+        entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
+        out.append(_Hit(idx, name, "document", entry, 0.0, "fallback"))
         seen.add(name)
     if out:
         return out
@@ -539,8 +554,8 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     for name in readme:
         if name not in seen and servable(root, name):
             idx = loaded.by_path.get(name, -1)
-            item = loaded.index.docs[idx].item if idx >= 0 else doc_item_from({}, name)
-            return [_Hit(idx, name, "document", item, 0.0, "fallback")]
+            entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
+            return [_Hit(idx, name, "document", entry, 0.0, "fallback")]
     return [_overview_hit()]
 
 
@@ -551,7 +566,7 @@ def _overview_text(loaded: _Loaded) -> str:
         lines.append(f"- {t.item.title or t.dir} ({t.dir}/): {t.item.summary}".rstrip(": "))
     for d in loaded.index.docs:
         if d.theme is None:
-            lines.append(f"- {d.item.title or d.path} ({d.path}): {d.item.summary}".rstrip(": "))
+            lines.append(f"- {d.entry['title'] or d.path} ({d.path}): {d.entry['summary']}".rstrip(": "))
     return "\n".join(lines)
 
 
@@ -576,7 +591,7 @@ def _assemble(
         if text is None:
             missing.append(hit.path)
             continue
-        header = f"## {one_line(hit.item.title or hit.path)}\n(source: {one_line(hit.path)})\n\n"
+        header = f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n"
         room = budget - used - estimate_tokens(header)
         if room <= 0:
             break
@@ -593,19 +608,19 @@ def _assemble(
             used = budget  # the cut document is the last one
         parts.append(chunk)
         items.append(
-            ContextItem(
+            ContextItem.model_construct(
                 path=hit.path,
                 level=hit.level,
                 score=hit.score,
-                title=hit.item.title,
-                abstract=hit.item.summary,
+                title=hit.title,
+                abstract=hit.summary,
                 reason=hit.reason,
                 matched=_matched(scored, hit.idx),
                 truncated=truncated,
                 tokens=estimate_tokens(chunk),
             )
         )
-    return Context(
+    return Context.model_construct(
         text="\n\n".join(parts),
         items=tuple(items),
         fallback=fallback,

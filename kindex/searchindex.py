@@ -64,9 +64,28 @@ class DocRecord:
     path: str
     """KB-relative path."""
     theme: str | None
-    item: DocItem
+    entry: Mapping[str, Any]
+    """The entry's JSON form (:meth:`DocItem.to_dict`); type-checked when loaded."""
     key: str
     """Hash of everything its terms came from (entry, headings, body, analyzer version)."""
+
+    @property
+    def item(self) -> DocItem:
+        """The entry as a record, made when asked for: a question touches a few entries, a load 10,000."""
+        e = self.entry
+        return DocItem.model_construct(
+            path=e["path"],
+            title=e["title"],
+            summary=e["summary"],
+            tags=tuple(e.get("tags", ())),
+            paths=tuple(e.get("paths", ())),
+            questions=tuple(e.get("questions", ())),
+        )
+
+    @property
+    def globs(self) -> tuple[str, ...]:
+        """The entry's ``paths`` globs (empty: the document applies whatever files the user works on)."""
+        return tuple(self.entry.get("paths", ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +177,7 @@ class SearchIndex:
             "analyzer": ANALYZER_VERSION,
             "signature": self.signature,
             "vocab": sorted(self.vocab),
-            "docs": [[d.path, d.theme, d.key, d.item.to_dict()] for d in self.docs],
+            "docs": [[d.path, d.theme, d.key, d.entry] for d in self.docs],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
         }
         arrays: dict[str, Any] = {"meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8), "lengths": self.lengths}
@@ -237,26 +256,29 @@ def _checked_table(
     return FieldTable(hashes, offsets, docs, tfs)
 
 
-def _item(obj: Mapping[str, Any]) -> DocItem:
-    """An entry as :meth:`SearchIndex.save` wrote it (cleaned when it was built; only its types are checked)."""
-    strings = [obj.get("path") or obj.get("dir", ""), obj.get("title", ""), obj.get("summary", "")]
+def _entry(obj: object) -> Mapping[str, Any]:
+    """An entry as :meth:`SearchIndex.save` wrote it, its types checked (it was cleaned when it was built, and
+    validating 10,000 entries' bounds again would cost the cold load more than everything else it does)."""
+    if not isinstance(obj, dict):
+        raise InvalidFileError("bad entry")
+    strings = [obj.get("path"), obj.get("title"), obj.get("summary")]
     lists = [obj.get("tags", []), obj.get("paths", []), obj.get("questions", [])]
     if not all(isinstance(x, str) for x in strings) or not all(
         isinstance(x, list) and all(isinstance(v, str) for v in x) for x in lists
     ):
         raise InvalidFileError("bad entry")
-    path, title, summary = strings
-    tags, globs, questions = (tuple(x) for x in lists)
-    # Type-checked above; the bounds held when the entry was built, and validating 10,000 entries again would
-    # cost the cold load more than everything else it does.
-    return DocItem.model_construct(path=path, title=title, summary=summary, tags=tags, paths=globs, questions=questions)
+    return obj
+
+
+def _item(obj: object) -> DocItem:
+    return DocRecord("", None, _entry(obj), "").item
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
     path, theme, key, obj = row
     if not isinstance(path, str) or not isinstance(key, str) or not (theme is None or isinstance(theme, str)):
         raise InvalidFileError("bad document record")
-    return DocRecord(path, theme, _item(obj), key)
+    return DocRecord(path, theme, _entry(obj), key)
 
 
 def signature_of(kb: Path, themes: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
@@ -335,7 +357,7 @@ def build(
                         h = hashes[term] = term_hash(term)
                     row[h] = float(n)
                 fresh[name].append((i, row))
-        records.append(DocRecord(src.path, src.theme, src.item, key))
+        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), key))
     empty = FieldTable.empty()
     fields = {f: FieldTable.merge(previous.fields[f] if previous else empty, mapping, fresh[f]) for f in FIELDS}
     return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature)
