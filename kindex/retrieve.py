@@ -39,6 +39,10 @@ DEFAULT_BUDGET_TOKENS = 6000
 DEFAULT_MAX_DOCS = 4
 DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
 DEFAULT_MIN_RELEVANCE = 0.3
+# The bounds of a context request, the same for the library, the CLI and the HTTP service.
+MIN_BUDGET_TOKENS = 50
+MAX_BUDGET_TOKENS = 200_000
+MAX_DOCS_LIMIT = 50
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
 """Of a longer message only the start and the end are analysed (see :func:`_bounded`)."""
@@ -485,10 +489,10 @@ class Retriever:
         overview written from the root index's entries. A document longer than the room left hands over its head
         and the sections that match the question.
         """
-        if budget_tokens < 50:
-            raise UsageError(f"budget_tokens must be at least 50, got {budget_tokens}")
-        if max_docs < 1:
-            raise UsageError(f"max_docs must be at least 1, got {max_docs}")
+        if not MIN_BUDGET_TOKENS <= budget_tokens <= MAX_BUDGET_TOKENS:
+            raise UsageError(f"budget_tokens must be {MIN_BUDGET_TOKENS} to {MAX_BUDGET_TOKENS:,}, got {budget_tokens}")
+        if not 1 <= max_docs <= MAX_DOCS_LIMIT:
+            raise UsageError(f"max_docs must be 1 to {MAX_DOCS_LIMIT}, got {max_docs}")
         check_relevance(min_relevance)
         if isinstance(fallback_docs, str):  # one name given bare, not as a list of characters
             fallback_docs = (fallback_docs,)

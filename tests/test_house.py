@@ -191,3 +191,31 @@ def test_the_architecture_check_passes() -> None:
         [sys.executable, str(REPO / "tools" / "check_architecture.py")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("budget", "max_docs"), [(49, 4), (200_001, 4), (6000, 0), (6000, 51)])
+def test_the_library_the_cli_and_http_refuse_the_same_context_bounds(indexed: Path, budget: int, max_docs: int) -> None:
+    from click.testing import CliRunner
+
+    from kindex.cli import main
+
+    with pytest.raises(kindex.UsageError):
+        kindex.build_context(indexed, "退款", budget_tokens=budget, max_docs=max_docs)
+    cli = CliRunner().invoke(
+        main, ["context", str(indexed), "退款", "--budget", str(budget), "--max-docs", str(max_docs)]
+    )
+    assert cli.exit_code == 2
+    app = TestClient(create_app(indexed.parent), base_url="http://127.0.0.1")
+    body = {"message": "退款", "budget_tokens": budget, "max_docs": max_docs}
+    answer = app.post(f"/v1/agents/{indexed.name}/knowledge/context", json=body)
+    assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid_request"
+
+
+def test_create_app_runs_steps_through_the_client_it_is_given(sample_kb: Path) -> None:
+    from tests.fakeclient import FakeClient
+
+    client = FakeClient()
+    app = TestClient(create_app(sample_kb.parent, client=client), base_url="http://127.0.0.1")
+    report = app.post(f"/v1/agents/{sample_kb.name}/knowledge/reindex")
+    assert report.status_code == 200 and report.json()["calls"] == 19
+    assert len(client.calls) == 19 and report.json()["generator"].startswith("llm:")

@@ -14,6 +14,9 @@ from kindex.retrieve import (
     DEFAULT_FALLBACK_DOCS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
+    MAX_BUDGET_TOKENS,
+    MAX_DOCS_LIMIT,
+    MIN_BUDGET_TOKENS,
     Retriever,
 )
 from kindex.skillmodel import SkillShelf
@@ -30,14 +33,14 @@ from kindex.skillmodel import SkillShelf
 @click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
 @click.option(
     "--budget",
-    type=click.IntRange(min=50),
+    type=click.IntRange(MIN_BUDGET_TOKENS, MAX_BUDGET_TOKENS),
     default=DEFAULT_BUDGET_TOKENS,
     show_default=True,
     help="Token budget of the assembled text.",
 )
 @click.option(
     "--max-docs",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_DOCS_LIMIT),
     default=DEFAULT_MAX_DOCS,
     show_default=True,
     help="At most this many documents.",

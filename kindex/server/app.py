@@ -13,7 +13,7 @@ from fastapi import FastAPI
 import kindex
 from kindex import generate
 from kindex.errors import UsageError
-from kindex.llm import LLMSettings
+from kindex.llm import LLMClient, LLMSettings
 from kindex.server import routes
 from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
 from kindex.server.schemas import ErrorResponse
@@ -41,6 +41,7 @@ def create_app(
     token: str | None = None,
     host: str = "127.0.0.1",
     llm: LLMSettings | None = None,
+    client: LLMClient | None = None,
     concurrency: int = generate.DEFAULT_CONCURRENCY,
     task_workers: int = DEFAULT_TASK_WORKERS,
 ) -> FastAPI:
@@ -48,7 +49,8 @@ def create_app(
 
     Without a ``token`` the app serves this machine only: it refuses to be created for a non-loopback ``host``
     (the address it will be bound to), and it answers 403 to a request that arrives on a non-loopback socket or
-    names another host, whatever server runs it.
+    names another host, whatever server runs it. ``client`` replaces the litellm adapter for every step (an
+    in-process model, a test double), as ``Options.client`` does for the library.
     """
     if token is None and not loopback(host):
         raise UsageError(f"refusing to serve on {host} without an API token: set a token, or bind to 127.0.0.1")
@@ -56,7 +58,7 @@ def create_app(
         raise UsageError("the API token is empty: set a real token, or none to serve this machine only")
     root = Path(kb_root).resolve()
     tasks = Tasks(task_workers)
-    options = generate.Options(llm=llm or LLMSettings.from_env(), concurrency=concurrency)
+    options = generate.Options(llm=llm or LLMSettings.from_env(), client=client, concurrency=concurrency)
     options.check()
 
     @asynccontextmanager

@@ -8,7 +8,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kindex.results import RunReport, StepProgress
-from kindex.retrieve import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_DOCS, DEFAULT_MIN_RELEVANCE
+from kindex.retrieve import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_MAX_DOCS,
+    DEFAULT_MIN_RELEVANCE,
+    MAX_BUDGET_TOKENS,
+    MAX_DOCS_LIMIT,
+    MAX_MESSAGE_CHARS,
+    MAX_PATHS,
+    MIN_BUDGET_TOKENS,
+)
 
 _BODY = ConfigDict(frozen=True)
 
@@ -49,10 +58,12 @@ class DocRequest(BaseModel):
 
 class ContextRequest(BaseModel):
     model_config = _BODY
-    message: str = Field(max_length=20_000, description="The user's chat message.")
-    paths: list[str] = Field(default=[], max_length=50, description="Attachment paths (files the user works on).")
-    budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=50, le=200_000)
-    max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=50)
+    message: str = Field(max_length=MAX_MESSAGE_CHARS, description="The user's chat message.")
+    paths: list[str] = Field(
+        default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
+    )
+    budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS)
+    max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=MAX_DOCS_LIMIT)
     min_relevance: float = Field(
         default=DEFAULT_MIN_RELEVANCE,
         strict=True,

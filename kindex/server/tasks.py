@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kindex.errors import BusyError, CancelledRun, InternalError, KindexError, TaskNotFoundError
 from kindex.generate import Options, Progress
@@ -98,12 +98,8 @@ class Tasks:
             self._tasks[task.id] = task
             self._running[agent_id] = task.id
             self._forget_old()
-        opts = Options(
-            llm=options.llm,
-            concurrency=options.concurrency,
-            on_progress=lambda p: self._progress(task, p),
-            cancel=task.cancel,
-        )
+        # The server's options as they are, with this task's progress and cancel: one way to build Options.
+        opts = replace(options, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
         self._pool.submit(self._run, task, body, opts)
         return task
 
