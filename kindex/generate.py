@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import extractive, searchindex, skillmodel
+from kindex.config import DEFAULTS
 from kindex.errors import AnswerError, CancelledRun, GenerationFailed, InterruptedRun, KBNotFoundError, UsageError
 from kindex.generators import (
     Answer,
@@ -41,7 +42,7 @@ from kindex.store import Cache, read_index, root_index_path, theme_index_path, w
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY: int = DEFAULTS["concurrency"]
 # What a typical answer costs, for estimates: a document entry ~150 tokens, a root entry ~60 per item.
 DOC_ANSWER_TOKENS = 150
 ROOT_ANSWER_TOKENS_PER_ITEM = 60

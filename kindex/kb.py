@@ -13,13 +13,14 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kindex import generate, skills
+from kindex import config, generate, skills
 from kindex.generate import Options
+from kindex.llm import LLMClient, LLMSettings
 from kindex.results import Context, ContextItem, ImportResult, Plan, Preview, RunReport, SkillHit, SyncResult
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
@@ -53,14 +54,48 @@ class Settings:
         self.generation.check()
         check_relevance(self.min_relevance)
 
+    @classmethod
+    def resolved(
+        cls,
+        kb: str | os.PathLike[str] | None,
+        flags: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        client: LLMClient | None = None,
+    ) -> Settings:
+        """The settings in force for ``kb``: ``flags`` > ``KINDEX_*`` environment > ``kb/kindex.toml`` > defaults
+        (:func:`kindex.config.resolve`). ``client`` replaces the litellm adapter (``Options.client``)."""
+        eff = config.resolve(kb, flags, env)
+        llm = LLMSettings.from_settings(eff)
+        return cls(
+            generation=Options(llm=llm, client=client, concurrency=eff["concurrency"]),
+            budget_tokens=eff["budget_tokens"],
+            max_docs=eff["max_docs"],
+            fallback_docs=tuple(eff["fallback_docs"]),
+            min_relevance=eff["min_relevance"],
+        )
+
 
 class KnowledgeBase:
     """One knowledge folder: index it, build contexts from it, and (for a skill library) manage its skills."""
 
-    def __init__(self, path: str | os.PathLike[str], settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        settings: Settings | None = None,
+        *,
+        flags: Mapping[str, Any] | None = None,
+        client: LLMClient | None = None,
+    ) -> None:
+        """``settings`` as given, or (``None``) the KB's own: ``flags`` > environment > ``kindex.toml`` > defaults,
+        read again whenever ``kindex.toml`` changes."""
         self.path = Path(path).resolve()
-        self.settings = settings or Settings()
-        self.settings.check()
+        self._given = settings
+        self._flags = dict(flags or {})
+        self._client = client
+        self._settings: Settings | None = None
+        self._config_stamp: tuple[int, int] | None = None
+        if settings is not None:
+            settings.check()
         self._retriever: Retriever | None = None
         self._skills = SkillShelf(self.path)
         self._state = threading.Lock()
@@ -69,6 +104,22 @@ class KnowledgeBase:
 
     def __repr__(self) -> str:
         return f"KnowledgeBase({str(self.path)!r})"
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (the KB's own ones are re-read when ``kindex.toml`` changes: one ``stat``)."""
+        if self._given is not None:
+            return self._given
+        try:
+            st = (self.path / config.CONFIG_FILE).stat()
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        with self._state:
+            if self._settings is None or stamp != self._config_stamp:
+                self._settings = Settings.resolved(self.path, self._flags, client=self._client)
+                self._config_stamp = stamp
+            return self._settings
 
     # -- retrieval ------------------------------------------------------------------------------------------------
 

@@ -13,9 +13,10 @@ import os
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kindex.config import DEFAULTS, RESPONSE_FORMATS, Effective, resolve
 from kindex.errors import ModelCallError, ModelError, UsageError
 
 Message = Mapping[str, str]
@@ -38,21 +39,18 @@ class LLMClient(Protocol):
     async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion: ...
 
 
-RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
-
-
 @dataclass(frozen=True, slots=True)
 class LLMSettings:
     """How to reach the model. Unset fields come from ``KINDEX_*`` environment variables (see ``from_env``)."""
 
-    model: str | None = None
-    api_base: str | None = None
-    temperature: float = 0.1
-    timeout: float = 60.0
-    max_tokens: int = 600
-    retries: int = 4
-    retry_base_delay: float = 1.0
-    response_format: str = "auto"
+    model: str | None = DEFAULTS["model"]
+    api_base: str | None = DEFAULTS["api_base"]
+    temperature: float = DEFAULTS["temperature"]
+    timeout: float = DEFAULTS["timeout"]
+    max_tokens: int = DEFAULTS["max_tokens"]
+    retries: int = DEFAULTS["retries"]
+    retry_base_delay: float = DEFAULTS["retry_base_delay"]
+    response_format: str = DEFAULTS["response_format"]
 
     @property
     def configured(self) -> bool:
@@ -60,29 +58,18 @@ class LLMSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> LLMSettings:
-        """Settings from ``KINDEX_MODEL``, ``KINDEX_API_BASE``, ``KINDEX_TEMPERATURE``, ``KINDEX_TIMEOUT``,
-        ``KINDEX_MAX_TOKENS``, ``KINDEX_RETRIES``, ``KINDEX_RETRY_BASE_DELAY`` and ``KINDEX_RESPONSE_FORMAT``;
-        keyword ``overrides`` that are not ``None`` win (that is how CLI flags apply)."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for name, conv in (
-            ("model", str),
-            ("api_base", str),
-            ("temperature", float),
-            ("timeout", float),
-            ("max_tokens", int),
-            ("retries", int),
-            ("retry_base_delay", float),
-            ("response_format", str),
-        ):
-            raw = env.get(f"KINDEX_{name.upper()}")
-            if raw not in (None, ""):
-                try:
-                    values[name] = conv(raw)
-                except ValueError:
-                    raise UsageError(f"KINDEX_{name.upper()}={raw!r} is not a valid {conv.__name__}") from None
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = replace(cls(), **values)
+        """Settings from the ``KINDEX_*`` environment (``KINDEX_MODEL``, ``KINDEX_API_BASE``, ``KINDEX_TEMPERATURE``,
+        ``KINDEX_TIMEOUT``, ``KINDEX_MAX_TOKENS``, ``KINDEX_RETRIES``, ``KINDEX_RETRY_BASE_DELAY``,
+        ``KINDEX_RESPONSE_FORMAT``); keyword ``overrides`` that are not ``None`` win (that is how CLI flags apply).
+        A KB's own ``kindex.toml`` comes in through :func:`kindex.config.resolve` and :meth:`from_settings`."""
+        return cls.from_settings(resolve(None, overrides, env))
+
+    @classmethod
+    def from_settings(cls, effective: Effective) -> LLMSettings:
+        """The model settings of resolved KB settings (:func:`kindex.config.resolve`)."""
+        values = effective.subset("model")
+        values.pop("concurrency")
+        settings = cls(**values)
         settings.check()
         return settings
 

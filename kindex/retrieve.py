@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kindex.analysis import analyze, background_rate, has_han
+from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
@@ -35,14 +36,10 @@ from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, loa
 from kindex.store import STATE_DIR
 from kindex.tokenize import estimate_tokens
 
-DEFAULT_BUDGET_TOKENS = 6000
-DEFAULT_MAX_DOCS = 4
-DEFAULT_FALLBACK_DOCS = ("导读.md", "00-总则与功能导航.md")
-DEFAULT_MIN_RELEVANCE = 0.3
-# The bounds of a context request, the same for the library, the CLI and the HTTP service.
-MIN_BUDGET_TOKENS = 50
-MAX_BUDGET_TOKENS = 200_000
-MAX_DOCS_LIMIT = 50
+DEFAULT_BUDGET_TOKENS: int = DEFAULTS["budget_tokens"]
+DEFAULT_MAX_DOCS: int = DEFAULTS["max_docs"]
+DEFAULT_FALLBACK_DOCS: tuple[str, ...] = DEFAULTS["fallback_docs"]
+DEFAULT_MIN_RELEVANCE: float = DEFAULTS["min_relevance"]
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
 """Of a longer message only the start and the end are analysed (see :func:`_bounded`)."""

@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
+from kindex import config
 from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.globs import any_match
 from kindex.markdown import headings
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
@@ -114,12 +116,18 @@ class Scan:
 
 
 def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHARS) -> Scan:
-    """Walk ``kb`` and return its documents; unusable files are listed in ``skipped`` with their reason."""
+    """Walk ``kb`` and return its documents; unusable files are listed in ``skipped`` with their reason.
+
+    Documents matching the KB's ``exclude`` globs (``[index] exclude`` in ``kindex.toml``, or ``KINDEX_EXCLUDE``)
+    are left out, so every step, ``validate`` and retrieval see the same documents.
+    """
     root = Path(kb)
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
         raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds your Markdown files")
     root = root.resolve()
+    exclude = config.excluded(root)
+    compiled: dict[str, Any] = {}
     skipped: list[Skipped] = []
     warnings: list[Skipped] = []
     root_docs: list[ScannedDoc] = []
@@ -152,6 +160,10 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
                 skipped.append(Skipped(path=_show(rel_dir + name), reason="file name is not valid UTF-8"))
                 continue
             rel = rel_dir + name
+            rule = any_match(exclude, [rel], compiled) if exclude else None
+            if rule is not None:
+                skipped.append(Skipped(path=rel, reason=f"excluded by the setting exclude ({rule})"))
+                continue
             doc = _scan_file(root, rel, excerpt_chars, skipped, warnings)
             if doc is None:
                 continue

@@ -79,6 +79,8 @@ def main() -> None:
       kindex reindex KB            write KB/index.json and KB/<theme>/index.json
       kindex validate KB           check the index files against the folder
       kindex context KB "问题"      the documents a chat message is about, as prompt text
+      kindex search KB "问题"       the same ranking, without the text
+      kindex config KB             the settings in force (flags, KINDEX_*, KB/kindex.toml, defaults)
       kindex serve --kb-root DIR   the same over HTTP, one KB per agent
       kindex find SKILLS "query"   one best hit per skill in an Agent Skills library
 
@@ -97,6 +99,8 @@ for _name, _target in {
     "preview": "kindex.cli.index:preview",
     "validate": "kindex.cli.index:validate",
     "context": "kindex.cli.context:context",
+    "search": "kindex.cli.context:search",
+    "config": "kindex.cli.config:config_cmd",
     "serve": "kindex.cli.serve:serve",
     "find": "kindex.cli.skills:find",
     "skills": "kindex.cli.skills:skills_group",

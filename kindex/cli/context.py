@@ -9,14 +9,11 @@ import click
 import orjson
 
 from kindex.cli.options import json_opt, kb_arg
+from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
-    DEFAULT_FALLBACK_DOCS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
-    MAX_BUDGET_TOKENS,
-    MAX_DOCS_LIMIT,
-    MIN_BUDGET_TOKENS,
     Retriever,
 )
 from kindex.skillmodel import SkillShelf
@@ -34,23 +31,19 @@ from kindex.skillmodel import SkillShelf
 @click.option(
     "--budget",
     type=click.IntRange(MIN_BUDGET_TOKENS, MAX_BUDGET_TOKENS),
-    default=DEFAULT_BUDGET_TOKENS,
-    show_default=True,
-    help="Token budget of the assembled text.",
+    help=f"Token budget of the assembled text (default {DEFAULT_BUDGET_TOKENS}) "
+    "[env KINDEX_BUDGET_TOKENS, kindex.toml].",
 )
 @click.option(
     "--max-docs",
     type=click.IntRange(1, MAX_DOCS_LIMIT),
-    default=DEFAULT_MAX_DOCS,
-    show_default=True,
-    help="At most this many documents.",
+    help=f"At most this many documents (default {DEFAULT_MAX_DOCS}) [env KINDEX_MAX_DOCS, kindex.toml].",
 )
 @click.option(
     "--min-relevance",
     type=click.FloatRange(0.0, 1.0),
-    default=DEFAULT_MIN_RELEVANCE,
-    show_default=True,
-    help="On topic when a document covers this share of the question's informative weight; else the overview.",
+    help="On topic when a document covers this share of the question's informative weight; else the overview "
+    f"(default {DEFAULT_MIN_RELEVANCE}) [env KINDEX_MIN_RELEVANCE, kindex.toml].",
 )
 @click.option(
     "--fallback",
@@ -58,7 +51,7 @@ from kindex.skillmodel import SkillShelf
     multiple=True,
     metavar="DOC",
     help="Overview document for off-topic messages (repeatable; default 导读.md, 00-总则与功能导航.md, then the "
-    "KB's README.md/index.md, then an overview of the root index).",
+    "KB's README.md/index.md, then an overview of the root index) [env KINDEX_FALLBACK_DOCS, kindex.toml].",
 )
 @json_opt
 def context(
@@ -66,9 +59,9 @@ def context(
     message: str | None,
     message_file: TextIO | None,
     paths: tuple[str, ...],
-    budget: int,
-    max_docs: int,
-    min_relevance: float,
+    budget: int | None,
+    max_docs: int | None,
+    min_relevance: float | None,
     fallback_docs: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -91,14 +84,16 @@ def context(
     elif message is None:
         raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
     # The retriever and the skill shelf alone, not the whole KB handle: a one-shot command loads only the read path.
+    flags = {"budget_tokens": budget, "max_docs": max_docs, "min_relevance": min_relevance}
+    settings = resolve(kb, {**flags, "fallback_docs": fallback_docs or None})
     retriever = Retriever(kb)
     ctx = retriever.context(
         message,
         paths=paths,
-        budget_tokens=budget,
-        max_docs=max_docs,
-        min_relevance=min_relevance,
-        fallback_docs=fallback_docs or DEFAULT_FALLBACK_DOCS,
+        budget_tokens=settings["budget_tokens"],
+        max_docs=settings["max_docs"],
+        min_relevance=settings["min_relevance"],
+        fallback_docs=settings["fallback_docs"],
     )
     if retriever.skill_library:
         ctx = SkillShelf(kb).attach(ctx)
@@ -113,3 +108,39 @@ def context(
         click.echo(ctx.text)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
+
+
+@click.command()
+@kb_arg
+@click.argument("question")
+@click.option("--limit", type=click.IntRange(1, 200), default=10, show_default=True, help="Entries to list.")
+@click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
+@click.option(
+    "--min-relevance",
+    type=click.FloatRange(0.0, 1.0),
+    help=f"On-topic threshold (default {DEFAULT_MIN_RELEVANCE}) [env KINDEX_MIN_RELEVANCE, kindex.toml].",
+)
+@json_opt
+def search(
+    kb: str, question: str, limit: int, paths: tuple[str, ...], min_relevance: float | None, as_json: bool
+) -> None:
+    """List the documents QUESTION is about, best first, without their text: path, score, title, summary.
+
+    Nothing listed means the question is off topic for KB (where `kindex context` would hand over the overview).
+
+    \b
+    Example:
+      kindex search sample_kb "退款多久到账" --limit 3
+      kindex search sample_kb "发票" --json | jq '.results[0].path'
+    """
+    threshold = resolve(kb, {"min_relevance": min_relevance})["min_relevance"]
+    results = Retriever(kb).search(question, paths=paths, limit=limit, min_relevance=threshold)
+    if as_json:
+        click.echo(orjson.dumps({"results": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2).decode())
+        return
+    if not results:
+        click.echo("kindex: no document matches: the question is off topic for this KB", err=True)
+    for r in results:
+        why = f"matched {', '.join(r.matched[:6])}" if r.matched else r.reason
+        click.echo(f"{r.score:7.2f}  {r.path}  {r.title}")
+        click.echo(f"         {r.abstract}  ({why})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -12,7 +13,9 @@ import orjson
 
 from kindex import generate
 from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg
-from kindex.llm import RESPONSE_FORMATS, LLMSettings
+from kindex.config import RESPONSE_FORMATS
+from kindex.kb import Settings
+from kindex.llm import LLMSettings
 from kindex.results import RunReport
 from kindex.scan import DEFAULT_EXCERPT_CHARS
 from kindex.validate import validate as validate_kb
@@ -22,10 +25,7 @@ def concurrency_opt(f: F) -> F:
     return click.option(
         "--concurrency",
         type=click.IntRange(min=1),
-        default=generate.DEFAULT_CONCURRENCY,
-        show_default=True,
-        envvar="KINDEX_CONCURRENCY",
-        help="Model calls in flight at once (per run) [env KINDEX_CONCURRENCY].",
+        help="Model calls in flight at once, per run (default 8) [env KINDEX_CONCURRENCY, kindex.toml].",
     )(f)
 
 
@@ -59,19 +59,12 @@ def model_opts(f: F) -> F:
     return f
 
 
-def options_from(kw: dict[str, Any], bar: Callable[[generate.Progress], None] | None) -> generate.Options:
-    llm = LLMSettings.from_env(
-        model=kw.pop("model"),
-        api_base=kw.pop("api_base"),
-        temperature=kw.pop("temperature"),
-        timeout=kw.pop("timeout"),
-        max_tokens=kw.pop("max_tokens"),
-        retries=kw.pop("retries"),
-        response_format=kw.pop("response_format"),
-    )
-    return generate.Options(
-        llm=llm,
-        concurrency=kw.pop("concurrency"),
+def options_from(kb: str, kw: dict[str, Any], bar: Callable[[generate.Progress], None] | None) -> generate.Options:
+    """The run's options: these flags > ``KINDEX_*`` environment > ``KB/kindex.toml`` > defaults."""
+    names = ("model", "api_base", "temperature", "timeout", "max_tokens", "retries", "response_format", "concurrency")
+    flags = {name: kw.pop(name) for name in names}
+    return replace(
+        Settings.resolved(kb, flags).generation,
         excerpt_chars=kw.pop("excerpt_chars"),
         force=kw.pop("force"),
         wait=kw.pop("wait"),
@@ -142,10 +135,10 @@ def _emit(report: RunReport, as_json: bool) -> None:
         sys.exit(EXIT_PARTIAL)
 
 
-def _step(kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
+def _step(kb: str, kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
     as_json = kw.pop("as_json")
     with _progress_bar(True) as bar:
-        opts = options_from(kw, bar)
+        opts = options_from(kb, kw, bar)
         _announce(opts.llm)
         report = call(opts)
     _emit(report, as_json)
@@ -165,7 +158,7 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
     """
     if dry_run:
         as_json = kw.pop("as_json")
-        plan = generate.dry_run(kb, options_from(kw, None))
+        plan = generate.dry_run(kb, options_from(kb, kw, None))
         if as_json:
             click.echo(orjson.dumps(plan.to_dict(), option=orjson.OPT_INDENT_2).decode())
             return
@@ -177,7 +170,7 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
         for item in plan.items:
             click.echo(f"  call: {item}")
         return
-    _step(kw, lambda o: generate.reindex(kb, o))
+    _step(kb, kw, lambda o: generate.reindex(kb, o))
 
 
 @click.command()
@@ -185,7 +178,7 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
 @model_opts
 def root(kb: str, **kw: Any) -> None:
     """Write only the root KB/index.json (root documents and one entry per theme)."""
-    _step(kw, lambda o: generate.root(kb, o))
+    _step(kb, kw, lambda o: generate.root(kb, o))
 
 
 @click.command()
@@ -194,7 +187,7 @@ def root(kb: str, **kw: Any) -> None:
 @model_opts
 def sub(kb: str, dir_name: str, **kw: Any) -> None:
     """Write KB/DIR/index.json: one model call per document of theme DIR."""
-    _step(kw, lambda o: generate.sub(kb, dir_name, o))
+    _step(kb, kw, lambda o: generate.sub(kb, dir_name, o))
 
 
 @click.command("doc")
@@ -205,7 +198,7 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
 @model_opts
 def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> None:
     """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR."""
-    _step(kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
+    _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
 
 
 @click.command()
@@ -214,7 +207,7 @@ def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> No
 @click.option("--model", help="Model to estimate for [env KINDEX_MODEL].")
 def preview(kb: str, as_json: bool, model: str | None) -> None:
     """Scan KB without calling a model: themes, documents, skipped files and a token estimate."""
-    p = generate.preview(kb, generate.Options(llm=LLMSettings.from_env(model=model)))
+    p = generate.preview(kb, Settings.resolved(kb, {"model": model}).generation)
     if as_json:
         click.echo(orjson.dumps(p.to_dict(), option=orjson.OPT_INDENT_2).decode())
         return

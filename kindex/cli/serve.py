@@ -11,7 +11,6 @@ import click
 
 from kindex.cli.index import concurrency_opt
 from kindex.errors import KindexError, UsageError
-from kindex.llm import LLMSettings
 
 
 @click.command()
@@ -47,7 +46,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
             f"the HTTP service needs its extra ({exc.name} is missing): pip install 'kindex[server]'"
         ) from None
     logging.config.dictConfig(LOG_CONFIG)
-    app = create_app(kb_root, token=token, host=host, llm=LLMSettings.from_env(), concurrency=concurrency)
+    app = create_app(kb_root, token=token, host=host, concurrency=concurrency)
     auth = "bearer token required" if token else "no token: loopback only"
     logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs")
     _check_port(host, port)

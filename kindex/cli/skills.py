@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -10,9 +11,7 @@ import click
 from kindex import skills
 from kindex.cli.index import model_opts, options_from
 from kindex.cli.options import json_opt, kb_arg, print_json
-from kindex.generate import Options
-from kindex.kb import KnowledgeBase
-from kindex.llm import LLMSettings
+from kindex.kb import KnowledgeBase, Settings
 from kindex.skillmodel import validate_skills
 
 
@@ -91,7 +90,7 @@ def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: 
     """Install a one-skill ZIP into KB and index it. A taken name becomes NAME-v2 unless --replace."""
     as_json = kw.pop("as_json")
     result = skills.import_skill(
-        kb, package, replace=replace, options=options_from(kw, None), max_bytes=max_bytes, max_files=max_files
+        kb, package, replace=replace, options=options_from(kb, kw, None), max_bytes=max_bytes, max_files=max_files
     )
     if as_json:
         print_json(result.to_dict())
@@ -117,7 +116,7 @@ def export_cmd(kb: str, name: str, output: str) -> None:
 @click.option("--wait", type=float, default=0.0, show_default=True, help="Seconds to wait for another writer.")
 def delete_cmd(kb: str, name: str, wait: float) -> None:
     """Remove skill NAME from KB, and its entries from the index."""
-    skills.delete_skill(kb, name, Options(llm=LLMSettings.from_env(), wait=wait))
+    skills.delete_skill(kb, name, dataclasses.replace(Settings.resolved(kb).generation, wait=wait))
     click.echo(f"deleted skill {name}")
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 import kindex
-from kindex import generate
 from kindex.errors import UsageError
+from kindex.kb import Settings
 from kindex.llm import LLMClient, LLMSettings
 from kindex.server import routes
 from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
@@ -42,14 +43,15 @@ def create_app(
     host: str = "127.0.0.1",
     llm: LLMSettings | None = None,
     client: LLMClient | None = None,
-    concurrency: int = generate.DEFAULT_CONCURRENCY,
+    concurrency: int | None = None,
     task_workers: int = DEFAULT_TASK_WORKERS,
 ) -> FastAPI:
     """The FastAPI application serving the KBs under ``kb_root`` (``<kb_root>/<agent_id>/``).
 
     Without a ``token`` the app serves this machine only: it refuses to be created for a non-loopback ``host``
     (the address it will be bound to), and it answers 403 to a request that arrives on a non-loopback socket or
-    names another host, whatever server runs it. ``client`` replaces the litellm adapter for every step (an
+    names another host, whatever server runs it. ``llm`` and ``concurrency``, when given, win over every agent's
+    own settings (environment, ``kindex.toml``); ``client`` replaces the litellm adapter for every step (an
     in-process model, a test double), as ``Options.client`` does for the library.
     """
     if token is None and not loopback(host):
@@ -58,8 +60,11 @@ def create_app(
         raise UsageError("the API token is empty: set a real token, or none to serve this machine only")
     root = Path(kb_root).resolve()
     tasks = Tasks(task_workers)
-    options = generate.Options(llm=llm or LLMSettings.from_env(), client=client, concurrency=concurrency)
-    options.check()
+    # Each agent's settings: these flags > the environment > the agent's kindex.toml > defaults.
+    flags: dict[str, Any] = {k: v for k, v in asdict(llm).items() if v is not None} if llm is not None else {}
+    if concurrency is not None:
+        flags["concurrency"] = concurrency
+    Settings.resolved(None, flags)  # a bad flag fails here, not on the first request
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -73,7 +78,7 @@ def create_app(
         lifespan=lifespan,
         responses=_ERRORS,
     )
-    app.state.kindex = ServerState(root=root, token=token, options=options, tasks=tasks)
+    app.state.kindex = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client)
     app.state.tasks = tasks
     app.state.kb_root = root
     for router in (routes.knowledge, routes.skills_router, routes.tasks_router, routes.health):

@@ -13,13 +13,11 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kindex import generate
 from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE, Index
 from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit
-from kindex.retrieve import DEFAULT_FALLBACK_DOCS
 from kindex.scan import scan
 from kindex.server.errors import error_response
 from kindex.server.schemas import (
@@ -48,7 +46,7 @@ async def _run_step(
     state: ServerState, agent_id: str, step: str, wait: bool, body: Callable[[KnowledgeBase, Options], RunReport]
 ) -> Response:
     kb = state.handle(agent_id)
-    task = state.tasks.start(agent_id, step, lambda opts: body(kb, opts), state.options)
+    task = state.tasks.start(agent_id, step, lambda opts: body(kb, opts), kb.settings.generation)
     if not wait:
         model = task.to_model().model_dump_json()
         return Response(model, status_code=202, media_type=_JSON, headers={"Location": f"/v1/tasks/{task.id}"})
@@ -61,8 +59,7 @@ async def _run_step(
 
 @knowledge.get("/reindex/preview", response_model=Preview, summary="Scan only: steps, themes, skipped")
 def preview(agent_id: str, request: Request) -> Any:
-    state = server_state(request)
-    return generate.preview(agent_kb(state, agent_id), state.options)
+    return server_state(request).handle(agent_id).preview()
 
 
 @knowledge.post("/reindex/root", responses=_STEP_RESPONSES, summary="Write the root index.json")
@@ -106,7 +103,7 @@ async def context(agent_id: str, body: ContextRequest, request: Request) -> Resp
         budget_tokens=body.budget_tokens,
         max_docs=body.max_docs,
         min_relevance=body.min_relevance,
-        fallback_docs=DEFAULT_FALLBACK_DOCS if body.fallback_docs is None else body.fallback_docs,
+        fallback_docs=body.fallback_docs,
     )
     return Response(ctx.model_dump_json(), media_type=_JSON)
 

@@ -7,16 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.results import RunReport, StepProgress
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
-    MAX_BUDGET_TOKENS,
-    MAX_DOCS_LIMIT,
     MAX_MESSAGE_CHARS,
     MAX_PATHS,
-    MIN_BUDGET_TOKENS,
 )
 
 _BODY = ConfigDict(frozen=True)
@@ -62,19 +60,27 @@ class ContextRequest(BaseModel):
     paths: list[str] = Field(
         default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
     )
-    budget_tokens: int = Field(default=DEFAULT_BUDGET_TOKENS, ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS)
-    max_docs: int = Field(default=DEFAULT_MAX_DOCS, ge=1, le=MAX_DOCS_LIMIT)
-    min_relevance: float = Field(
-        default=DEFAULT_MIN_RELEVANCE,
+    budget_tokens: int | None = Field(
+        default=None,
+        ge=MIN_BUDGET_TOKENS,
+        le=MAX_BUDGET_TOKENS,
+        description=f"Default: the agent's setting (kindex.toml, else {DEFAULT_BUDGET_TOKENS}).",
+    )
+    max_docs: int | None = Field(
+        default=None, ge=1, le=MAX_DOCS_LIMIT, description=f"Default: the agent's setting (else {DEFAULT_MAX_DOCS})."
+    )
+    min_relevance: float | None = Field(
+        default=None,
         strict=True,
         ge=0.0,
         le=1.0,
-        description="On topic when a document covers this share of the question's informative weight.",
+        description="On topic when a document covers this share of the question's informative weight. Default: "
+        f"the agent's setting (else {DEFAULT_MIN_RELEVANCE}).",
     )
     fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None,
         max_length=20,
-        description="Overview documents for off-topic messages (KB-relative); default: the KB's usual overview.",
+        description="Overview documents for off-topic messages (KB-relative); default: the agent's setting.",
     )
 
 

@@ -9,13 +9,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import Request
 
 from kindex.errors import ForbiddenError, KBNotFoundError, UnauthorizedError, UsageError
-from kindex.generate import Options
-from kindex.kb import KnowledgeBase, Settings
+from kindex.kb import KnowledgeBase
+from kindex.llm import LLMClient
 from kindex.server.errors import AGENT_ID
 from kindex.server.tasks import Tasks
 
@@ -43,8 +44,10 @@ class ServerState:
 
     root: Path
     token: str | None
-    options: Options
     tasks: Tasks
+    flags: dict[str, Any] = field(default_factory=dict)
+    """Settings the server was started with; they win over each agent's environment and ``kindex.toml``."""
+    client: LLMClient | None = None
     _handles: OrderedDict[str, KnowledgeBase] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -54,7 +57,7 @@ class ServerState:
         with self._lock:
             kb = self._handles.get(agent_id)
             if kb is None or kb.path != path:
-                kb = self._handles[agent_id] = KnowledgeBase(path, Settings(generation=self.options))
+                kb = self._handles[agent_id] = KnowledgeBase(path, flags=self.flags, client=self.client)
                 while len(self._handles) > MAX_LOADED_AGENTS:
                     self._handles.popitem(last=False)
             else:

@@ -1,0 +1,54 @@
+"""``kindex config``: the settings in force for a KB, and where each came from."""
+
+from __future__ import annotations
+
+import click
+
+from kindex.cli.options import json_opt, kb_arg, print_json
+from kindex.config import CONFIG_FILE, SETTINGS, resolve
+
+
+@click.command("config")
+@kb_arg
+@json_opt
+def config_cmd(kb: str, as_json: bool) -> None:
+    """Print the effective settings of KB and where each came from.
+
+    Precedence: a command's flag > the KINDEX_* environment > KB/kindex.toml > the default. The file holds
+    [context] fallback_docs, min_relevance, budget_tokens, max_docs; [index] exclude; [model] model, api_base,
+    temperature, timeout, max_tokens, retries, retry_base_delay, response_format, concurrency.
+
+    \b
+    Example KB/kindex.toml:
+      [context]
+      budget_tokens = 4000
+      [index]
+      exclude = ["drafts/**"]
+      [model]
+      model = "openai/gpt-4o-mini"
+    """
+    eff = resolve(kb)
+    if as_json:
+        print_json({s.name: {"value": _json(eff[s.name]), "source": eff.sources[s.name]} for s in SETTINGS})
+        return
+    click.echo(f"# settings of {kb} (flag > environment > {CONFIG_FILE} > default)")
+    section = ""
+    for s in SETTINGS:
+        if s.section != section:
+            section = s.section
+            click.echo(f"[{section}]")
+        value = eff[s.name]
+        line = f"# {s.name} is unset" if value is None else f"{s.name} = {_toml(value)}"
+        click.echo(f"{line}  # {eff.sources[s.name]}: {s.help}")
+
+
+def _json(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value).lower() if isinstance(value, bool) else str(value)

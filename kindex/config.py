@@ -1,0 +1,227 @@
+"""Per-KB settings: ``<kb>/kindex.toml``, the ``KINDEX_*`` environment, and the defaults (SPEC §3).
+
+Every setting has one definition here: its TOML section and key, its environment variable, its bounds and its
+default. Precedence is flag > environment > file > default; :func:`resolve` says for each value where it came
+from (``kindex config KB`` prints that). The file is never a document (the scan takes only ``.md`` files).
+
+```toml
+[context]
+fallback_docs = ["导读.md"]     # overview documents for off-topic messages
+min_relevance = 0.3
+budget_tokens = 6000
+max_docs = 4
+
+[index]
+exclude = ["drafts/**", "**/*.draft.md"]   # KB-relative globs the scan leaves out
+
+[model]
+model = "openai/gpt-4o-mini"   # any litellm model string; none: the offline extractive generator
+api_base = "http://127.0.0.1:8014/v1"
+temperature = 0.1
+timeout = 60
+max_tokens = 600
+retries = 4
+concurrency = 8
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kindex.errors import InvalidDataError, InvalidFileError, UsageError
+from kindex.globs import usable_glob
+
+CONFIG_FILE = "kindex.toml"
+MAX_CONFIG_BYTES = 64 * 1024
+
+# Bounds shared by every surface (library, CLI, HTTP, MCP).
+MIN_BUDGET_TOKENS = 50
+MAX_BUDGET_TOKENS = 200_000
+MAX_DOCS_LIMIT = 50
+RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
+
+
+def _text_list(value: object) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+        raise InvalidDataError("expected a list of strings")
+    out = tuple(x.strip() for x in items if x.strip())
+    if len(out) > 50 or any(len(x) > 1024 for x in out):
+        raise InvalidDataError("at most 50 entries of at most 1,024 characters")
+    return out
+
+
+def _globs(value: object) -> tuple[str, ...]:
+    out = _text_list(value)
+    bad = [g for g in out if not usable_glob(g)]
+    if bad:
+        raise InvalidDataError(f"not a usable glob: {bad[0]!r}")
+    return out
+
+
+def _number(kind: type, low: float | None = None, high: float | None = None) -> Callable[[object], Any]:
+    def parse(value: object) -> Any:
+        if isinstance(value, bool):
+            raise InvalidDataError(f"expected a {kind.__name__}")
+        if isinstance(value, str):
+            value = value.strip()
+        try:
+            number = kind(value)  # from the environment's text, or TOML's int/float
+        except (TypeError, ValueError):
+            raise InvalidDataError(f"expected a {kind.__name__}") from None
+        if kind is int and isinstance(value, float):
+            raise InvalidDataError("expected a whole number")
+        if (low is not None and number < low) or (high is not None and number > high):
+            raise InvalidDataError(f"must be {low if low is not None else '…'} to {high if high is not None else '…'}")
+        return number
+
+    return parse
+
+
+def _optional_text(value: object) -> str | None:
+    if not isinstance(value, str):
+        raise InvalidDataError("expected a string")
+    return value.strip() or None
+
+
+def _choice(*choices: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        if value not in choices:
+            raise InvalidDataError(f"must be one of {', '.join(choices)}")
+        return str(value)
+
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: where it lives in the file, its environment variable, how it is checked, its default."""
+
+    name: str
+    section: str
+    parse: Callable[[object], Any]
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return f"KINDEX_{self.name.upper()}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("fallback_docs", "context", _text_list, ("导读.md", "00-总则与功能导航.md"), "overview documents"),
+    Setting("min_relevance", "context", _number(float, 0.0, 1.0), 0.3, "on-topic threshold (share of weight)"),
+    Setting("budget_tokens", "context", _number(int, MIN_BUDGET_TOKENS, MAX_BUDGET_TOKENS), 6000, "context budget"),
+    Setting("max_docs", "context", _number(int, 1, MAX_DOCS_LIMIT), 4, "documents per context"),
+    Setting("exclude", "index", _globs, (), "KB-relative globs the scan leaves out"),
+    Setting("model", "model", _optional_text, None, "litellm model string (none: offline extractive)"),
+    Setting("api_base", "model", _optional_text, None, "base URL of an OpenAI-compatible endpoint"),
+    Setting("temperature", "model", _number(float, 0.0, 2.0), 0.1, "sampling temperature"),
+    Setting("timeout", "model", _number(float, 0.001), 60.0, "seconds per model call"),
+    Setting("max_tokens", "model", _number(int, 1), 600, "answer length cap"),
+    Setting("retries", "model", _number(int, 0, 100), 4, "retries on 429/5xx/timeouts"),
+    Setting("retry_base_delay", "model", _number(float, 0.0), 1.0, "seconds before the first retry"),
+    Setting("response_format", "model", _choice(*RESPONSE_FORMATS), "auto", "how to ask for JSON"),
+    Setting("concurrency", "model", _number(int, 1, 256), 8, "model calls at once"),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+DEFAULTS: Mapping[str, Any] = {s.name: s.default for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    """The settings in force for one KB, and where each came from (``flag``, ``env KINDEX_…``, the file,
+    ``default``)."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def subset(self, section: str) -> dict[str, Any]:
+        """The values of one section (``context``, ``index``, ``model``)."""
+        return {s.name: self.values[s.name] for s in SETTINGS if s.section == section}
+
+
+def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checked values of ``<kb>/kindex.toml`` (empty when there is none); :class:`InvalidFileError` names the
+    key and the rule a broken file breaks."""
+    path = Path(kb) / CONFIG_FILE
+    try:
+        if not path.is_file():
+            return {}
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InvalidFileError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidFileError(f"{CONFIG_FILE} cannot be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidFileError(f"{CONFIG_FILE} is not valid TOML ({exc})") from None
+    out: dict[str, Any] = {}
+    for section, table in data.items():
+        names = {s.name for s in SETTINGS if s.section == section}
+        if not names or not isinstance(table, dict):
+            known = ", ".join(sorted({f"[{s.section}]" for s in SETTINGS}))
+            raise InvalidFileError(f"{CONFIG_FILE}: unknown section [{section}] (known: {known})")
+        for key, raw in table.items():
+            if key not in names:
+                raise InvalidFileError(
+                    f"{CONFIG_FILE}: [{section}] has no setting {key!r} (known: {', '.join(sorted(names))})"
+                )
+            try:
+                out[key] = BY_NAME[key].parse(raw)
+            except InvalidDataError as exc:
+                raise InvalidFileError(f"{CONFIG_FILE}: [{section}] {key}: {exc.message}") from None
+    return out
+
+
+def resolve(
+    kb: str | os.PathLike[str] | None,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Effective:
+    """The settings in force: ``flags`` (``None`` values count as not given) > ``KINDEX_*`` environment >
+    ``<kb>/kindex.toml`` > defaults. ``kb=None`` skips the file (a server's settings for all its KBs)."""
+    env = os.environ if env is None else env
+    from_file = read_file(kb) if kb is not None else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for s in SETTINGS:
+        flag = (flags or {}).get(s.name)
+        raw_env = env.get(s.env)
+        if flag is not None:
+            try:
+                values[s.name], sources[s.name] = s.parse(flag), "flag"
+            except InvalidDataError as exc:
+                raise UsageError(f"{s.name}: {exc.message}") from None
+        elif raw_env not in (None, ""):
+            try:
+                values[s.name], sources[s.name] = s.parse(raw_env), f"env {s.env}"
+            except InvalidDataError as exc:
+                raise UsageError(f"{s.env}={raw_env!r}: {exc.message}") from None
+        elif s.name in from_file:
+            values[s.name], sources[s.name] = from_file[s.name], CONFIG_FILE
+        else:
+            values[s.name], sources[s.name] = s.default, "default"
+    unknown = set(flags or {}) - set(BY_NAME)
+    if unknown:
+        raise UsageError(f"unknown setting {sorted(unknown)[0]!r}")
+    return Effective(values, sources)
+
+
+def excluded(kb: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The scan's exclude globs for ``kb``: ``KINDEX_EXCLUDE``, else the file's ``[index] exclude``, else none."""
+    raw = (os.environ if env is None else env).get("KINDEX_EXCLUDE")
+    if raw:
+        try:
+            return _globs(raw)
+        except InvalidDataError as exc:
+            raise UsageError(f"KINDEX_EXCLUDE={raw!r}: {exc.message}") from None
+    return tuple(read_file(kb).get("exclude", ()))

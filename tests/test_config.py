@@ -1,0 +1,123 @@
+"""kindex.toml, the KINDEX_* environment and flags: precedence, errors, excludes; and `kindex search`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+import kindex
+from kindex.cli import main
+from kindex.config import resolve
+from kindex.server import create_app
+
+
+def write_config(kb: Path, text: str) -> None:
+    (kb / "kindex.toml").write_text(text, encoding="utf-8")
+
+
+def test_flag_beats_environment_beats_file_beats_default(sample_kb: Path) -> None:
+    write_config(sample_kb, "[context]\nbudget_tokens = 900\nmax_docs = 3\nmin_relevance = 0.5\n")
+    env = {"KINDEX_MAX_DOCS": "2", "KINDEX_MIN_RELEVANCE": "0.4"}
+
+    eff = resolve(sample_kb, {"min_relevance": 0.2}, env)
+
+    assert (eff["min_relevance"], eff.sources["min_relevance"]) == (0.2, "flag")
+    assert (eff["max_docs"], eff.sources["max_docs"]) == (2, "env KINDEX_MAX_DOCS")
+    assert (eff["budget_tokens"], eff.sources["budget_tokens"]) == (900, "kindex.toml")
+    assert (eff["retries"], eff.sources["retries"]) == (4, "default")
+
+
+def test_kindex_config_prints_each_value_and_its_source(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_config(sample_kb, '[model]\nmodel = "openai/gpt-4o-mini"\ntemperature = 0.5\n')
+    monkeypatch.setenv("KINDEX_TEMPERATURE", "0.7")
+
+    result = CliRunner().invoke(main, ["config", str(sample_kb), "--json"])
+
+    data = orjson.loads(result.stdout)
+    assert data["model"] == {"value": "openai/gpt-4o-mini", "source": "kindex.toml"}
+    assert data["temperature"] == {"value": 0.7, "source": "env KINDEX_TEMPERATURE"}
+    assert data["budget_tokens"] == {"value": 6000, "source": "default"}
+    human = CliRunner().invoke(main, ["config", str(sample_kb)]).stdout
+    assert 'model = "openai/gpt-4o-mini"  # kindex.toml' in human and "temperature = 0.7  # env" in human
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[context]\nbudget_tokens = 10\n", "[context] budget_tokens: must be 50 to 200000"),
+        ("[context]\nbudget = 900\n", "[context] has no setting 'budget'"),
+        ("[retrieval]\nmax_docs = 2\n", "unknown section [retrieval]"),
+        ('[index]\nexclude = "**/**/**/*.md"\n', "not a usable glob"),
+        ("[model\nmodel = 1\n", "is not valid TOML"),
+        ("[context]\nmax_docs = 2.5\n", "[context] max_docs: expected a whole number"),
+    ],
+)
+def test_a_broken_config_file_is_a_clear_error(sample_kb: Path, text: str, message: str) -> None:
+    write_config(sample_kb, text)
+
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "退款"])
+
+    assert result.exit_code == 1 and message in result.stderr and "kindex.toml" in result.stderr
+
+
+def test_the_context_command_takes_its_defaults_from_the_file(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+    write_config(sample_kb, '[context]\nmax_docs = 1\nfallback_docs = ["常见问题.md"]\n')
+
+    on_topic = CliRunner().invoke(main, ["context", str(sample_kb), "退款多久到账", "--json"])
+    off_topic = CliRunner().invoke(main, ["context", str(sample_kb), "今天天气怎么样", "--json"])
+    flagged = CliRunner().invoke(main, ["context", str(sample_kb), "退款多久到账", "--max-docs", "3", "--json"])
+
+    assert len(orjson.loads(on_topic.stdout)["items"]) == 1
+    assert [i["path"] for i in orjson.loads(off_topic.stdout)["items"]] == ["常见问题.md"]
+    assert len(orjson.loads(flagged.stdout)["items"]) > 1
+
+
+def test_excluded_documents_are_not_scanned_indexed_or_served(sample_kb: Path) -> None:
+    write_config(sample_kb, '[index]\nexclude = ["sync/**", "**/发票*.md"]\n')
+
+    report = kindex.reindex(sample_kb)
+
+    assert not (sample_kb / "sync" / "index.json").exists()
+    billing = orjson.loads((sample_kb / "billing" / "index.json").read_bytes())
+    assert all(not d["path"].startswith("发票") for d in billing["documents"])
+    assert {s.reason for s in report.skipped if s.path.startswith("sync/")} == {
+        "excluded by the setting exclude (sync/**)"
+    }
+    assert kindex.validate(sample_kb) == []
+    assert all("sync/" not in i.path for i in kindex.search(sample_kb, "多设备同步冲突", limit=None))
+
+
+def test_a_knowledge_base_handle_rereads_its_file_when_it_changes(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+    kb = kindex.KnowledgeBase(sample_kb)
+    assert kb.settings.max_docs == 4
+    write_config(sample_kb, "[context]\nmax_docs = 1\n")
+    assert kb.settings.max_docs == 1 and len(kb.context("退款和发票").items) == 1
+
+
+def test_each_agent_of_the_service_has_its_own_file(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+    write_config(sample_kb, "[context]\nmax_docs = 1\n")
+    app = TestClient(create_app(sample_kb.parent), base_url="http://127.0.0.1")
+
+    ctx = app.post(f"/v1/agents/{sample_kb.name}/knowledge/context", json={"message": "退款和发票"})
+    assert ctx.status_code == 200 and len(ctx.json()["items"]) == 1
+
+
+def test_search_lists_the_ranking_without_the_documents(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+
+    result = CliRunner().invoke(main, ["search", str(sample_kb), "退款多久到账", "--limit", "2", "--json"])
+    off = CliRunner().invoke(main, ["search", str(sample_kb), "今天天气怎么样"])
+    human = CliRunner().invoke(main, ["search", str(sample_kb), "退款多久到账"])
+
+    results = orjson.loads(result.stdout)["results"]
+    assert result.exit_code == 0 and len(results) == 2 and results[0]["path"] == "billing/退款政策.md"
+    assert "text" not in results[0] and results[0]["title"] == "退款政策"
+    assert off.exit_code == 0 and off.stdout == "" and "off topic" in off.stderr
+    assert human.stdout.splitlines()[0].split()[1] == "billing/退款政策.md"
