@@ -5,6 +5,7 @@ The agents' folder is made by a fixture when the test runs (not at import) and r
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,35 +18,33 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 import kindex
+from kindex.server import create_app
 from tests.conftest import SAMPLE_KB
 
 AGENTS = ("agent1", "lib")
 
 
-@pytest.fixture
+# The app is made at import (that touches no file); its agents' folder only when the test runs, and it is removed
+# after. (schemathesis.pytest.from_fixture would defer the app too, but it breaks on pytest 9.2.)
+ROOT = Path(tempfile.gettempdir()) / f"kindex-fuzz-{os.getpid()}"
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(ROOT, llm=kindex.LLMSettings()))
+
+
+@pytest.fixture(scope="module", autouse=True)
 def agents_root() -> Iterator[Path]:
     """A KB (agent1) and a skill library (lib), both indexed, in a folder removed after the test."""
-    with tempfile.TemporaryDirectory(prefix="kindex-fuzz-") as tmp:
-        root = Path(tmp)
-        shutil.copytree(SAMPLE_KB, root / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
-        kindex.reindex(root / "agent1")
-        (root / "lib" / "pdf-tools").mkdir(parents=True)
-        (root / "lib" / "pdf-tools" / "SKILL.md").write_text(
+    shutil.rmtree(ROOT, ignore_errors=True)
+    try:
+        shutil.copytree(SAMPLE_KB, ROOT / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        kindex.reindex(ROOT / "agent1")
+        (ROOT / "lib" / "pdf-tools").mkdir(parents=True)
+        (ROOT / "lib" / "pdf-tools" / "SKILL.md").write_text(
             "---\nname: pdf-tools\ndescription: Create and merge PDF files.\n---\n# PDF tools\n", encoding="utf-8"
         )
-        kindex.reindex(root / "lib")
-        yield root
-
-
-@pytest.fixture
-def api_schema(agents_root: Path) -> schemathesis.BaseSchema:
-    from kindex.server import create_app
-
-    app = create_app(agents_root, llm=kindex.LLMSettings())
-    return schemathesis.openapi.from_asgi("/openapi.json", app)
-
-
-schema = schemathesis.pytest.from_fixture("api_schema")
+        kindex.reindex(ROOT / "lib")
+        yield ROOT
+    finally:
+        shutil.rmtree(ROOT, ignore_errors=True)
 
 
 @schema.parametrize()

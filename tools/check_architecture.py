@@ -38,6 +38,7 @@ LAYERS: list[list[str]] = [
     ["kindex.generate", "kindex.retrieve"],
     ["kindex.skills"],
     ["kindex.kb"],
+    ["kindex.watch"],
     ["kindex.server", "kindex.cli", "kindex"],
 ]
 # Optional heavy dependencies may be imported inside a function (litellm, fastapi's server, uvicorn, tqdm).

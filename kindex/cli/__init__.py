@@ -81,6 +81,7 @@ def main() -> None:
       kindex context KB "问题"      the documents a chat message is about, as prompt text
       kindex search KB "问题"       the same ranking, without the text
       kindex config KB             the settings in force (flags, KINDEX_*, KB/kindex.toml, defaults)
+      kindex watch KB              reindex as documents change
       kindex serve --kb-root DIR   the same over HTTP, one KB per agent
       kindex find SKILLS "query"   one best hit per skill in an Agent Skills library
 
@@ -101,6 +102,7 @@ for _name, _target in {
     "context": "kindex.cli.context:context",
     "search": "kindex.cli.context:search",
     "config": "kindex.cli.config:config_cmd",
+    "watch": "kindex.cli.watch:watch",
     "serve": "kindex.cli.serve:serve",
     "find": "kindex.cli.skills:find",
     "skills": "kindex.cli.skills:skills_group",

@@ -66,9 +66,12 @@ def create_app(
         flags["concurrency"] = concurrency
     Settings.resolved(None, flags)  # a bad flag fails here, not on the first request
 
+    state = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await asyncio.to_thread(state.unwatch_all)
         await asyncio.to_thread(tasks.shutdown)
 
     app = FastAPI(
@@ -78,7 +81,7 @@ def create_app(
         lifespan=lifespan,
         responses=_ERRORS,
     )
-    app.state.kindex = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client)
+    app.state.kindex = state
     app.state.tasks = tasks
     app.state.kb_root = root
     for router in (routes.knowledge, routes.skills_router, routes.tasks_router, routes.health):

@@ -28,8 +28,10 @@ from kindex.server.schemas import (
     SubRequest,
     SyncRequest,
     TaskModel,
+    WatchModel,
+    WatchUpdateModel,
 )
-from kindex.server.state import ServerState, agent_kb, authorize, server_state
+from kindex.server.state import AgentWatch, ServerState, agent_kb, authorize, server_state
 from kindex.store import read_index_file
 
 _WAIT = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
@@ -132,6 +134,46 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
     except (OSError, InvalidFileError, IndexMissingError):
         raise IndexMissingError(f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
     return sub
+
+
+@knowledge.put("/watch", response_model=WatchModel, summary="Reindex the agent's folder whenever it changes")
+async def watch_on(agent_id: str, request: Request) -> Any:
+    state = server_state(request)
+    return _watch_model(agent_id, await asyncio.to_thread(state.watch, agent_id))
+
+
+@knowledge.get("/watch", response_model=WatchModel, summary="Whether the folder is watched, and the last update")
+def watch_status(agent_id: str, request: Request) -> Any:
+    state = server_state(request)
+    agent_kb(state, agent_id)
+    return _watch_model(agent_id, state.watchers.get(agent_id))
+
+
+@knowledge.delete("/watch", response_model=WatchModel, summary="Stop watching the agent's folder")
+async def watch_off(agent_id: str, request: Request) -> Any:
+    state = server_state(request)
+    agent_kb(state, agent_id)
+    await asyncio.to_thread(state.unwatch, agent_id)
+    return _watch_model(agent_id, None)
+
+
+def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:
+    last = entry.last if entry is not None else None
+    return WatchModel(
+        agent_id=agent_id,
+        watching=entry is not None and entry.thread.is_alive(),
+        updates=entry.updates if entry is not None else 0,
+        last=None
+        if last is None
+        else WatchUpdateModel(
+            changed=list(last.changed),
+            removed=list(last.removed),
+            steps=list(last.steps),
+            calls=last.calls,
+            written=list(last.written),
+            error=last.error,
+        ),
+    )
 
 
 # -- skills -------------------------------------------------------------------------------------------------------

@@ -104,3 +104,19 @@ class SyncRequest(BaseModel):
 class HealthModel(BaseModel):
     status: Literal["ok"]
     running_tasks: int
+
+
+class WatchUpdateModel(BaseModel):
+    changed: list[str]
+    removed: list[str]
+    steps: list[str] = Field(description="Steps run, e.g. `doc billing/退款政策.md`, `sub billing`, `root`.")
+    calls: int
+    written: list[str]
+    error: str | None
+
+
+class WatchModel(BaseModel):
+    agent_id: str
+    watching: bool = Field(description="Whether the agent's folder is watched and reindexed on change.")
+    updates: int = Field(description="Batches of changes handled since watching started.")
+    last: WatchUpdateModel | None = None

@@ -19,6 +19,7 @@ from kindex.kb import KnowledgeBase
 from kindex.llm import LLMClient
 from kindex.server.errors import AGENT_ID
 from kindex.server.tasks import Tasks
+from kindex.watch import Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
@@ -48,6 +49,7 @@ class ServerState:
     flags: dict[str, Any] = field(default_factory=dict)
     """Settings the server was started with; they win over each agent's environment and ``kindex.toml``."""
     client: LLMClient | None = None
+    watchers: dict[str, AgentWatch] = field(default_factory=dict)
     _handles: OrderedDict[str, KnowledgeBase] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,6 +65,50 @@ class ServerState:
             else:
                 self._handles.move_to_end(agent_id)
             return kb
+
+    def watch(self, agent_id: str) -> AgentWatch:
+        """Start watching the agent's folder (a no-op when it is watched already)."""
+        kb = self.handle(agent_id)
+        with self._lock:
+            current = self.watchers.get(agent_id)
+            if current is not None and current.thread.is_alive():
+                return current
+            holder: list[AgentWatch] = []
+            watcher = Watcher(kb, lambda u: holder[0].record(u))
+            thread = threading.Thread(target=watcher.run, name=f"kindex-watch-{agent_id}", daemon=True)
+            entry = AgentWatch(watcher, thread)
+            holder.append(entry)
+            self.watchers[agent_id] = entry
+            thread.start()
+        # Answer once the folder is watched, so a change made after the answer is never missed.
+        watcher.ready.wait(30)
+        return entry
+
+    def unwatch(self, agent_id: str, timeout: float = 30.0) -> None:
+        """Stop watching the agent's folder; a step in flight stops before its next write."""
+        with self._lock:
+            entry = self.watchers.pop(agent_id, None)
+        if entry is not None:
+            entry.watcher.stop()
+            entry.thread.join(timeout)
+
+    def unwatch_all(self) -> None:
+        for agent_id in list(self.watchers):
+            self.unwatch(agent_id)
+
+
+@dataclass
+class AgentWatch:
+    """One agent's watcher, running on its own thread, and what it did last."""
+
+    watcher: Watcher
+    thread: threading.Thread
+    updates: int = 0
+    last: Update | None = None
+
+    def record(self, update: Update) -> None:
+        self.updates += 1
+        self.last = update
 
 
 def server_state(request: Request) -> ServerState:

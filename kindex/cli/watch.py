@@ -1,0 +1,77 @@
+"""``kindex watch``: keep a KB's index current as its documents change."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import click
+import orjson
+
+from kindex.cli.index import model_opts, options_from
+from kindex.kb import KnowledgeBase, Settings
+from kindex.watch import DEFAULT_DEBOUNCE_MS, Update, Watcher
+
+
+@click.command()
+@click.argument("kb", type=click.Path(file_okay=False, exists=True, path_type=str))
+@click.option(
+    "--debounce",
+    type=click.IntRange(50, 60_000),
+    default=DEFAULT_DEBOUNCE_MS,
+    show_default=True,
+    help="Milliseconds of quiet before a batch of changes is handled.",
+)
+@model_opts
+def watch(kb: str, debounce: int, **kw: Any) -> None:
+    """Reindex KB as its documents change, until Ctrl-C.
+
+    Starts with a reindex (cached answers make it cheap), then handles each batch of changes with the smallest
+    steps: an edited or added document is one model call (its entry and its theme index, nothing else), a
+    deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
+    kindex.toml runs the whole pipeline. One line per update on stdout (--json: one JSON object per line).
+
+    \b
+    Example:
+      kindex watch sample_kb --model openai/gpt-4o-mini
+    """
+    as_json = kw.pop("as_json")
+    options = options_from(kb, kw, None)
+    handle = KnowledgeBase(kb, Settings(generation=options))
+    first = handle.reindex()
+    _emit(Update((), (), ("reindex",), (first,)), as_json)
+    stop = threading.Event()
+    watcher = Watcher(
+        handle,
+        lambda u: _emit(u, as_json),
+        debounce_ms=debounce,
+        stop_event=stop,
+        on_ready=lambda: click.echo(f"kindex: watching {kb} (Ctrl-C to stop)", err=True),
+    )
+    try:
+        watcher.run()
+    except KeyboardInterrupt:
+        stop.set()
+    click.echo("kindex: stopped watching; every index file is complete", err=True)
+
+
+def _emit(update: Update, as_json: bool) -> None:
+    if as_json:
+        line = {
+            "changed": update.changed,
+            "removed": update.removed,
+            "steps": update.steps,
+            "calls": update.calls,
+            "written": update.written,
+            "error": update.error,
+        }
+        click.echo(orjson.dumps(line).decode())
+    else:
+        what = ", ".join([*update.changed, *(f"-{r}" for r in update.removed)]) or "start"
+        done = f"{'; '.join(update.steps) or 'nothing to do'}: {update.calls} model calls"
+        wrote = f", wrote {', '.join(update.written)}" if update.written else ""
+        click.echo(f"{what} -> {done}{wrote}")
+        if update.error:
+            click.echo(f"kindex: {update.error} (the next change tries again)", err=True)
+    sys.stdout.flush()

@@ -1,0 +1,199 @@
+"""Watch mode: keep a KB's index current as its documents change (``kindex watch``, the HTTP service per agent).
+
+Changes are gathered by ``watchfiles`` and debounced, then each batch becomes the smallest steps that bring the
+index up to date: an edited or added document is one ``doc`` step (its entry and its theme index, one model call),
+a deleted one rewrites its theme index from cached answers (no call), a document at the root or a theme that
+appeared or vanished re-asks the root, and an edited ``kindex.toml`` runs the whole pipeline (answers cached:
+only what its new settings change is paid). kindex's own writes (``index.json``, ``.kindex/``) are not changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import watchfiles
+
+from kindex.config import CONFIG_FILE
+from kindex.errors import KindexError
+from kindex.generate import Options
+from kindex.kb import KnowledgeBase
+from kindex.records import INDEX_FILE
+from kindex.results import RunReport
+from kindex.scan import scan
+
+DEFAULT_DEBOUNCE_MS = 1600
+"""Changes arriving within this time of each other are handled as one batch (an editor's save-rename-delete)."""
+WRITER_WAIT_SECONDS = 300.0
+"""How long an update waits for another writer (a reindex over HTTP, a CLI run) before it reports busy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One batch of changes and what was done about it."""
+
+    changed: tuple[str, ...]
+    """KB-relative paths added or modified."""
+    removed: tuple[str, ...]
+    steps: tuple[str, ...]
+    """The steps run, e.g. ``doc billing/退款政策.md``, ``sub billing``, ``root``, ``reindex``."""
+    reports: tuple[RunReport, ...] = ()
+    error: str | None = None
+    """Set when a step failed (the next change tries again); the index files stay as they were or complete."""
+
+    @property
+    def calls(self) -> int:
+        return sum(r.calls for r in self.reports)
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(w for r in self.reports for w in r.written))
+
+
+@dataclass
+class _Plan:
+    reindex: bool = False
+    root: bool = False
+    subs: set[str] = field(default_factory=set)
+    docs: list[tuple[str, str]] = field(default_factory=list)
+
+
+def relevant(kb: Path, path: str) -> str | None:
+    """The KB-relative path of a change worth handling (a document or ``kindex.toml``), else ``None``."""
+    full = Path(path)
+    if not full.is_relative_to(kb):  # watchfiles reports paths under the (resolved) folder it was given
+        return None
+    rel = full.relative_to(kb).as_posix()
+    if any(part.startswith(".") for part in rel.split("/")):
+        return None
+    if rel == CONFIG_FILE or (rel.endswith(".md") and not rel.endswith(INDEX_FILE)):
+        return rel
+    return None
+
+
+def plan(themes_before: set[str], themes_after: set[str], changed: Iterable[str], removed: Iterable[str]) -> _Plan:
+    """The smallest steps that bring the index up to date with these changes."""
+    out = _Plan()
+    if themes_before != themes_after:
+        out.root = True
+    for rel in changed:
+        if rel == CONFIG_FILE:
+            out.reindex = True
+        elif "/" not in rel:
+            out.root = True
+        else:
+            theme, path = rel.split("/", 1)
+            if theme in themes_after and theme in themes_before:
+                out.docs.append((theme, path))
+            elif theme in themes_after:
+                out.subs.add(theme)  # a new theme: its index is written whole
+    for rel in removed:
+        if rel == CONFIG_FILE:
+            out.reindex = True
+        elif "/" not in rel:
+            out.root = True
+        else:
+            theme = rel.split("/", 1)[0]
+            if theme in themes_after:
+                out.subs.add(theme)  # rewritten from cached answers: the deleted entry goes, nothing is paid
+    out.docs = [(t, p) for t, p in dict.fromkeys(out.docs) if t not in out.subs]
+    return out
+
+
+class Watcher:
+    """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`."""
+
+    def __init__(
+        self,
+        kb: KnowledgeBase,
+        on_update: Callable[[Update], None],
+        *,
+        debounce_ms: int = DEFAULT_DEBOUNCE_MS,
+        on_ready: Callable[[], None] | None = None,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.kb = kb
+        self.on_update = on_update
+        self.on_ready = on_ready
+        self.debounce_ms = debounce_ms
+        self.stopped = stop_event or threading.Event()
+        self.ready = threading.Event()
+        """Set once the folder is watched: every change after it is seen."""
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        """Watch until stopped. Each batch is handled before the next is gathered; errors are reported, not raised."""
+        root = self.kb.path
+        themes = set(scan(root).themes)
+        ready = False
+        for changes in watchfiles.watch(
+            root,
+            debounce=self.debounce_ms,
+            stop_event=self.stopped,
+            yield_on_timeout=True,
+            rust_timeout=max(200, self.debounce_ms),
+            raise_interrupt=True,
+        ):
+            if not ready:
+                ready = True  # the first yield comes after the watch is registered: no change can be missed now
+                self.ready.set()
+                if self.on_ready is not None:
+                    self.on_ready()
+            if not changes:
+                continue
+            changed: set[str] = set()
+            removed: set[str] = set()
+            for change, path in changes:
+                if change == watchfiles.Change.added and Path(path).is_dir():
+                    # Files written into a new folder before its watch was set up are reported by nobody: the
+                    # folder's documents are taken as added.
+                    changed.update(r for f in Path(path).rglob("*.md") if (r := relevant(root, str(f))) is not None)
+                    continue
+                rel = relevant(root, path)
+                if rel is None:
+                    continue
+                if change == watchfiles.Change.deleted:
+                    removed.add(rel)
+                    changed.discard(rel)
+                else:
+                    changed.add(rel)
+                    removed.discard(rel)
+            if changed or removed:
+                themes = self._apply(themes, sorted(changed), sorted(removed))
+
+    def _apply(self, themes: set[str], changed: list[str], removed: list[str]) -> set[str]:
+        try:
+            after = set(scan(self.kb.path).themes)
+        except KindexError as exc:
+            self.on_update(Update(tuple(changed), tuple(removed), (), (), exc.message))
+            return themes
+        steps = plan(themes, after, changed, removed)
+        reports: list[RunReport] = []
+        done: list[str] = []
+        try:
+            if steps.reindex:
+                reports.append(self.kb.reindex(self._options()))
+                done.append("reindex")
+            else:
+                if steps.root:
+                    reports.append(self.kb.root(self._options()))
+                    done.append("root")
+                for theme in sorted(steps.subs):
+                    reports.append(self.kb.sub(theme, self._options()))
+                    done.append(f"sub {theme}")
+                for theme, path in steps.docs:
+                    reports.append(self.kb.doc(theme, path, options=self._options()))
+                    done.append(f"doc {theme}/{path}")
+        except KindexError as exc:
+            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), exc.message))
+            return after
+        self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports)))
+        return after
+
+    def _options(self) -> Options:
+        # Waits for another writer rather than failing, and a stop cancels a step in flight before its next write.
+        return replace(self.kb.settings.generation, wait=WRITER_WAIT_SECONDS, cancel=self.stopped)

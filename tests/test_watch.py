@@ -1,0 +1,152 @@
+"""Watch mode: each batch of changes costs the calls it must (one per edited document) and leaves a valid index."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+import kindex
+from kindex.server import create_app
+from kindex.watch import Update, Watcher
+from tests.conftest import REPO
+from tests.fakeclient import FakeClient
+
+
+class Running:
+    def __init__(self, kb: Path, client: FakeClient) -> None:
+        self.handle = kindex.KnowledgeBase(kb, client=client)
+        self.updates: queue.Queue[Update] = queue.Queue()
+        ready = threading.Event()
+        self.watcher = Watcher(self.handle, self.updates.put, debounce_ms=150, on_ready=ready.set)
+        self.thread = threading.Thread(target=self.watcher.run)
+        self.thread.start()
+        assert ready.wait(30)
+
+    def next(self) -> Update:
+        return self.updates.get(timeout=60)
+
+
+@pytest.fixture
+def watching(sample_kb: Path) -> Iterator[tuple[Running, FakeClient]]:
+    client = FakeClient()
+    kindex.KnowledgeBase(sample_kb, client=client).reindex()
+    running = Running(sample_kb, client)
+    try:
+        yield running, client
+    finally:
+        running.watcher.stop()
+        running.thread.join(30)
+    assert not running.thread.is_alive()
+
+
+def entries(kb: Path, theme: str) -> dict[str, str]:
+    data = orjson.loads((kb / theme / "index.json").read_bytes())
+    return {d["path"]: d["title"] for d in data["documents"]}
+
+
+def test_edits_additions_and_deletions_cost_one_call_per_changed_document(
+    sample_kb: Path, watching: tuple[Running, FakeClient]
+) -> None:
+    running, client = watching
+    before = len(client.calls)
+
+    doc = sample_kb / "billing" / "退款政策.md"
+    doc.write_text("# 退款政策（新版）\n\n七天内无理由退款。\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+    edited = running.next()
+    assert edited.steps == ("doc billing/退款政策.md",) and edited.calls == 1
+    assert [c.label for c in client.calls[before:]] == ["退款政策.md"]
+
+    (sample_kb / "billing" / "开票抬头.md").write_text("# 开票抬头\n\n抬头怎么填。\n", encoding="utf-8")
+    added = running.next()
+    assert added.steps == ("doc billing/开票抬头.md",) and added.calls == 1
+    assert "开票抬头.md" in entries(sample_kb, "billing")
+
+    (sample_kb / "billing" / "发票开具.md").unlink()
+    removed = running.next()
+    assert removed.removed == ("billing/发票开具.md",) and removed.calls == 0  # rewritten from cached answers
+    assert "发票开具.md" not in entries(sample_kb, "billing")
+
+    (sample_kb / "tax").mkdir()
+    (sample_kb / "tax" / "税率.md").write_text("# 税率\n\n增值税税率说明。\n", encoding="utf-8")
+    theme = running.next()
+    assert theme.steps == ("root", "sub tax") and theme.calls == 2  # the root lists the new theme
+    assert len(client.calls) == before + 4
+    assert kindex.validate(sample_kb) == []
+
+
+def test_kindexs_own_writes_and_other_files_are_not_changes(
+    sample_kb: Path, watching: tuple[Running, FakeClient]
+) -> None:
+    running, client = watching
+    before = len(client.calls)
+    (sample_kb / "notes.txt").write_text("not a document", encoding="utf-8")
+    (sample_kb / ".hidden.md").write_text("# hidden", encoding="utf-8")
+    doc = sample_kb / "sync" / "离线模式.md"
+    doc.write_text("# 离线模式（改）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+
+    update = running.next()  # the only batch: the document; its own index write starts no other
+    assert update.changed == ("sync/离线模式.md",) and len(client.calls) == before + 1
+    assert running.updates.empty()
+
+
+def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly_on_ctrl_c(sample_kb: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KINDEX_MODEL": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kindex.cli", "watch", str(sample_kb), "--json", "--debounce", "100"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = orjson.loads(proc.stdout.readline())
+        assert first["steps"] == ["reindex"]
+        assert "watching" in proc.stderr.readline()
+        doc = sample_kb / "account" / "登录问题排查.md"
+        doc.write_text("# 登录排查（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+        line = orjson.loads(proc.stdout.readline())
+        assert line["steps"] == ["doc account/登录问题排查.md"] and line["written"] == ["account/index.json"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped watching" in proc.stderr.read()
+    finally:
+        proc.kill()
+    assert kindex.validate(sample_kb) == []
+
+
+def test_the_service_watches_an_agent_on_request(sample_kb: Path) -> None:
+    client = FakeClient()
+    app = create_app(sample_kb.parent, client=client)
+    agent = sample_kb.name
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        assert http.post(f"/v1/agents/{agent}/knowledge/reindex").status_code == 200
+        on = http.put(f"/v1/agents/{agent}/knowledge/watch")
+        assert on.status_code == 200 and on.json()["watching"] is True
+        entry = app.state.kindex.watchers[agent]
+        assert entry.watcher.ready.is_set()  # the answer came once the folder was watched
+        seen = threading.Event()
+        record = entry.record
+
+        def record_and_signal(update: Update) -> None:
+            record(update)
+            seen.set()
+
+        entry.record = record_and_signal
+        doc = sample_kb / "billing" / "自动续费.md"
+        doc.write_text("# 自动续费（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+        assert seen.wait(60)
+        status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
+        assert status["updates"] == 1 and status["last"]["steps"] == ["doc billing/自动续费.md"]
+        off = http.delete(f"/v1/agents/{agent}/knowledge/watch")
+        assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
