@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import config, generate, skills
+from kindex.errors import KBNotFoundError, NotFoundError, UsageError
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
 from kindex.results import Context, ContextItem, ImportResult, Plan, Preview, RunReport, SkillHit, SyncResult
@@ -30,11 +32,13 @@ from kindex.retrieve import (
     Retriever,
     check_relevance,
 )
-from kindex.skillmodel import Problem, SkillShelf, is_skill_library
+from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library
 from kindex.validate import validate
 
 T = TypeVar("T")
 
+AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""An agent id: its KB is ``<kb_root>/<agent_id>/`` for the HTTP service and the MCP server alike."""
 MAX_HANDLES = 32
 """KBs whose tables the module-level functions keep loaded at once (least recently used ones are dropped)."""
 
@@ -218,6 +222,19 @@ class KnowledgeBase:
         known, _ = self._skills.load()
         return skills.find_skills(self.retriever, known, query, limit=limit, levels=levels)
 
+    def skill(self, name: str) -> Skill:
+        """The library's skill ``name``; :class:`NotFoundError` when it has none of that name."""
+        known, _ = self._skills.load()
+        if name not in known:
+            raise NotFoundError(f"no skill named {name!r} in this library")
+        return known[name]
+
+    def skill_closure(self, name: str) -> Closure:
+        """What loading skill ``name`` brings: its dependencies (in load order), their tools and MCP servers."""
+        known, _ = self._skills.load()
+        self.skill(name)
+        return closure(known, name)
+
     def validate_skills(self) -> list[Problem]:
         """Every Agent Skills rule the library breaks, with the file."""
         return self._skills.load()[1]
@@ -286,8 +303,21 @@ class KnowledgeBase:
             raise
 
 
-class _Handles:
-    """The handles the module-level functions use: at most :data:`MAX_HANDLES`, least recently used dropped."""
+def agent_folder(kb_root: Path, agent_id: str) -> Path:
+    """The knowledge folder of ``agent_id`` under ``kb_root``: :class:`UsageError` for an id that cannot be one,
+    :class:`KBNotFoundError` when the agent has no folder (a symlink out of ``kb_root`` counts as none)."""
+    if not AGENT_ID.fullmatch(agent_id):
+        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
+    root = kb_root.resolve()
+    kb = (root / agent_id).resolve()
+    if not kb.is_relative_to(root) or not kb.is_dir():
+        raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder")
+    return kb
+
+
+class Handles:
+    """KB handles by folder, at most ``limit`` (least recently used dropped): what the module-level functions and
+    the MCP server keep, so a KB's tables stay loaded between calls without memory growing with every KB seen."""
 
     def __init__(self, limit: int = MAX_HANDLES) -> None:
         self._handles: OrderedDict[Path, KnowledgeBase] = OrderedDict()
@@ -311,7 +341,7 @@ class _Handles:
             self._handles.clear()
 
 
-_HANDLES = _Handles()
+_HANDLES = Handles()
 
 
 def build_context(kb: str | os.PathLike[str], message: str, **kw: Any) -> Context:

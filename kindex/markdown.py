@@ -100,3 +100,23 @@ def lines(text: str) -> list[Line]:
 def headings(text: str) -> tuple[str, ...]:
     """The ATX headings of ``text`` outside code blocks, in order."""
     return tuple(line.heading for line in lines(text) if line.heading)
+
+
+def _level(line: Line) -> int:
+    return len(line.text.lstrip(" ")) - len(line.text.lstrip(" ").lstrip("#"))
+
+
+def section(text: str, heading: str) -> str | None:
+    """The section of ``text`` under the first heading named ``heading`` (case-insensitive; else the first that
+    contains it), up to the next heading of the same or a higher level; ``None`` when no heading matches."""
+    all_lines = lines(text)
+    wanted = heading.strip().casefold()
+    marked = [(i, line) for i, line in enumerate(all_lines) if line.heading]
+    hit = next((p for p in marked if p[1].heading and p[1].heading.casefold() == wanted), None)
+    if hit is None and wanted:
+        hit = next((p for p in marked if p[1].heading and wanted in p[1].heading.casefold()), None)
+    if hit is None:
+        return None
+    start, first = hit
+    end = next((i for i, line in marked if i > start and _level(line) <= _level(first)), len(all_lines))
+    return "".join(line.text for line in all_lines[start:end]).strip()

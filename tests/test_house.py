@@ -219,3 +219,14 @@ def test_create_app_runs_steps_through_the_client_it_is_given(sample_kb: Path) -
     report = app.post(f"/v1/agents/{sample_kb.name}/knowledge/reindex")
     assert report.status_code == 200 and report.json()["calls"] == 19
     assert len(client.calls) == 19 and report.json()["generator"].startswith("llm:")
+
+
+def test_the_agent_skill_for_kindex_is_a_valid_skill_that_its_own_search_finds(tmp_path: Path) -> None:
+    import shutil
+
+    library = tmp_path / "skills"
+    shutil.copytree(REPO / "agent-skills", library)
+    assert kindex.validate_skills(library) == []
+    kindex.reindex(library)
+    assert kindex.validate(library) == []
+    assert kindex.find_skills(library, "find the right runbook in our docs folder")[0].name == "kindex"

@@ -22,7 +22,7 @@ MAX_LINES = 400
 # Bottom to top. A module may import from its own layer and any layer below; never from above.
 LAYERS: list[list[str]] = [
     ["kindex.errors"],
-    ["kindex.tokenize", "kindex.markdown", "kindex.globs", "kindex.templating"],
+    ["kindex.tokenize", "kindex.markdown", "kindex.globs", "kindex.templating", "kindex.hosts"],
     ["kindex.records", "kindex.results"],
     [
         "kindex.config",
@@ -39,10 +39,10 @@ LAYERS: list[list[str]] = [
     ["kindex.skills"],
     ["kindex.kb"],
     ["kindex.watch"],
-    ["kindex.server", "kindex.cli", "kindex"],
+    ["kindex.server", "kindex.mcpserver", "kindex.cli", "kindex"],
 ]
 # Optional heavy dependencies may be imported inside a function (litellm, fastapi's server, uvicorn, tqdm).
-LAZY_ALLOWED = {"litellm", "uvicorn", "tqdm", "kindex.server", "kindex.server.app"}
+LAZY_ALLOWED = {"litellm", "uvicorn", "tqdm", "kindex.server", "kindex.server.app", "kindex.mcpserver"}
 
 
 def module_name(path: Path) -> str:

@@ -13,12 +13,13 @@ from fastapi import FastAPI
 
 import kindex
 from kindex.errors import UsageError
+from kindex.hosts import loopback
 from kindex.kb import Settings
 from kindex.llm import LLMClient, LLMSettings
 from kindex.server import routes
 from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
 from kindex.server.schemas import ErrorResponse
-from kindex.server.state import ServerState, loopback
+from kindex.server.state import ServerState
 from kindex.server.tasks import DEFAULT_TASK_WORKERS, Tasks
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

@@ -26,9 +26,9 @@ from kindex.errors import (
     UnauthorizedError,
     UsageError,
 )
+from kindex.kb import AGENT_ID
 from kindex.server.logs import log_access
 
-AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_BODY_BYTES = 256 * 1024
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # skill ZIP uploads; what they unpack to is limited separately
 log = logging.getLogger("kindex.server")

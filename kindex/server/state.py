@@ -4,7 +4,6 @@ request passes (the token, or without one: this machine only)."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -14,29 +13,15 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from kindex.errors import ForbiddenError, KBNotFoundError, UnauthorizedError, UsageError
-from kindex.kb import KnowledgeBase
+from kindex.errors import ForbiddenError, UnauthorizedError
+from kindex.hosts import loopback
+from kindex.kb import KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
-from kindex.server.errors import AGENT_ID
 from kindex.server.tasks import Tasks
 from kindex.watch import Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
-
-
-def loopback(netloc: str) -> bool:
-    """Whether a host, a Host header or an origin's host:port names this machine (localhost, 127.0.0.0/8, ::1)."""
-    if netloc.startswith("["):
-        host = netloc[1 : netloc.find("]")] if "]" in netloc else ""
-    else:
-        host = netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass
@@ -119,12 +104,7 @@ def server_state(request: Request) -> ServerState:
 
 def agent_kb(state: ServerState, agent_id: str) -> Path:
     """The agent's knowledge folder; 422 for an id that cannot be one, 404 when there is none."""
-    if not AGENT_ID.fullmatch(agent_id):
-        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
-    kb = (state.root / agent_id).resolve()
-    if not kb.is_relative_to(state.root) or not kb.is_dir():
-        raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder")
-    return kb
+    return agent_folder(state.root, agent_id)
 
 
 def authorize(request: Request) -> None:

@@ -1,0 +1,398 @@
+"""The MCP server (``kindex mcp``, extra ``kindex[mcp]``): a KB's search, context and documents as MCP tools.
+
+One KB (``kindex mcp KB``) or every agent under a folder (``kindex mcp --kb-root DIR``: each tool then takes the
+``agent``), over stdio or streamable HTTP. Tools have typed inputs and structured outputs (the same records the
+library returns); a failure is a tool error whose text starts with the HTTP service's code (``kb_not_found: …``)
+and whose structured content is ``{"error": {"code", "message"}}``. Only documents the index lists can be read:
+a path with ``..``, an absolute path or a path outside the index is refused. Tools are plain functions, which the
+SDK runs on worker threads, so a slow search never stalls the transport.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import mcp.types as types
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import BaseModel, ConfigDict, Field
+
+import kindex
+from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError, NotFoundError, UsageError
+from kindex.fitting import cut_to_budget
+from kindex.globs import normalize_path
+from kindex.hosts import loopback
+from kindex.kb import Handles, KnowledgeBase, agent_folder
+from kindex.markdown import headings, section
+from kindex.records import INDEX_FILE
+from kindex.results import Context, ContextItem, SkillHit
+from kindex.scan import document_text
+from kindex.skillmodel import SKILL_FILE, package_files
+from kindex.store import read_index_file
+
+
+class ResourceMissing(NotFoundError, ResourceNotFoundError):
+    """A resource that does not exist: a kindex error that the SDK answers as "resource not found" (-32602)."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+INSTRUCTIONS = (
+    "kindex serves a knowledge base of Markdown documents. To answer a question from it, call get_context with the "
+    "user's message: it returns the relevant documents' text within a token budget, or the KB's overview when "
+    "the question is off topic (fallback=true). Use search to see which documents match before reading, "
+    "read_document to read one of them (or one section), and list_topics for what the KB covers. In a skill "
+    "library, find_skills names the skills that fit a task and read_skill returns a skill's instructions."
+)
+DEFAULT_READ_TOKENS = 4000
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SearchOutput(_Output):
+    results: tuple[ContextItem, ...] = Field(description="Best first: path, title, abstract, score, matched words.")
+    off_topic: bool = Field(description="No document covers the question: the KB does not answer it.")
+
+
+class DocumentOutput(_Output):
+    path: str
+    title: str
+    text: str = Field(description="The document (or the section) as written, within the budget.")
+    section: str | None = Field(description="The heading read, when a section was asked for.")
+    truncated: bool = Field(description="The text was cut to fit the budget; ask for a section to read the rest.")
+    headings: tuple[str, ...] = Field(description="Every heading of the document, to ask for a section.")
+
+
+class Topic(_Output):
+    dir: str
+    title: str
+    summary: str
+    documents: int
+
+
+class TopicEntry(_Output):
+    path: str
+    title: str
+    summary: str
+
+
+class TopicsOutput(_Output):
+    themes: tuple[Topic, ...] = Field(description="The KB's topic folders with what each covers.")
+    documents: tuple[TopicEntry, ...] = Field(description="Documents at the top of the KB (overviews).")
+
+
+class SkillsOutput(_Output):
+    skills: tuple[SkillHit, ...] = Field(description="One best hit per skill, best first, with its dependencies.")
+
+
+class SkillOutput(_Output):
+    name: str
+    description: str
+    instructions: str = Field(description="The skill's SKILL.md, frontmatter and all.")
+    files: tuple[str, ...] = Field(description="The package's files (read them with read_document).")
+    skill_dependencies: tuple[str, ...]
+    tool_dependencies: tuple[str, ...]
+    mcp_dependencies: tuple[str, ...]
+
+
+Agent = Annotated[
+    str, Field(description="The agent whose knowledge base to use (needed only when the server serves several).")
+]
+
+
+class Library:
+    """The KBs a server answers for: one KB, or every agent folder under a root (bounded handles)."""
+
+    def __init__(self, kb: str | os.PathLike[str] | None = None, kb_root: str | os.PathLike[str] | None = None):
+        if (kb is None) == (kb_root is None):
+            raise UsageError("serve one KB or a folder of agents' KBs (--kb-root), not both or neither")
+        self.single = KnowledgeBase(kb) if kb is not None else None
+        self.root = Path(kb_root).resolve() if kb_root is not None else None
+        self._agents = Handles()
+
+    def get(self, agent: str) -> KnowledgeBase:
+        if self.single is not None:
+            return self.single
+        assert self.root is not None
+        if not agent:
+            raise UsageError("this server serves several agents: pass `agent`")
+        return self._agents.get(agent_folder(self.root, agent))
+
+
+def _tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """A kindex failure as an MCP tool error: the code first in the text, and ``{"error": {code, message}}``."""
+
+    @wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except KindexError as exc:
+            text = f"{exc.code}: {exc.message}"
+            return types.CallToolResult(  # type: ignore[return-value]  # the SDK passes an error result through
+                content=[types.TextContent(type="text", text=text)],
+                structured_content={"error": {"code": exc.code, "message": exc.message}},
+                is_error=True,
+            )
+
+    return call
+
+
+def build_server(library: Library) -> MCPServer:
+    """The MCP server for ``library``: tools, and the index files as resources."""
+    server = MCPServer(name="kindex", version=kindex.__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @server.tool(title="Search the knowledge base")
+    @_tool_errors
+    def search(
+        question: Annotated[str, Field(description="What the user asks, in their words.", max_length=20_000)],
+        limit: Annotated[int, Field(description="Entries to return.", ge=1, le=50)] = 10,
+        paths: Annotated[
+            tuple[str, ...], Field(description="Files the user is working on (for path-scoped entries).", max_length=50)
+        ] = (),
+        agent: Agent = "",
+    ) -> SearchOutput:
+        """Rank the knowledge base's documents for a question, without their text: path, title, summary, score
+        and the words that matched. Empty with off_topic=true when the KB does not cover the question."""
+        results = library.get(agent).search(question, paths=paths, limit=limit)
+        return SearchOutput(results=tuple(results), off_topic=not results)
+
+    @server.tool(title="Get the context for a message")
+    @_tool_errors
+    def get_context(
+        message: Annotated[str, Field(description="The user's chat message.", max_length=20_000)],
+        budget_tokens: Annotated[
+            int | None,
+            Field(
+                description="Token budget of the text (default: the KB's).", ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS
+            ),
+        ] = None,
+        max_docs: Annotated[
+            int | None, Field(description="At most this many documents.", ge=1, le=MAX_DOCS_LIMIT)
+        ] = None,
+        paths: Annotated[tuple[str, ...], Field(description="Files the user is working on.", max_length=50)] = (),
+        agent: Agent = "",
+    ) -> Context:
+        """The documents a chat message is about, as prompt-ready text under headers naming each source, within
+        a token budget. When no document matches, the KB's overview (fallback=true, with the reason)."""
+        return library.get(agent).context(message, paths=paths, budget_tokens=budget_tokens, max_docs=max_docs)
+
+    @server.tool(title="Read a document")
+    @_tool_errors
+    def read_document(
+        path: Annotated[
+            str, Field(description="The document's KB-relative path, as search returns it.", max_length=1024)
+        ],
+        section_heading: Annotated[
+            str | None, Field(description="Read only the section under this heading.", max_length=200)
+        ] = None,
+        budget_tokens: Annotated[
+            int, Field(description="Token budget of the text.", ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS)
+        ] = DEFAULT_READ_TOKENS,
+        agent: Agent = "",
+    ) -> DocumentOutput:
+        """Read one document of the knowledge base (or one of its sections) as written, within a token budget.
+        Only documents the index lists can be read."""
+        kb = library.get(agent)
+        rel = _indexed_path(kb, path)
+        text = document_text(kb.path, rel)
+        if text is None:
+            raise InvalidFileError(f"{rel} is in the index but cannot be read: reindex the KB")
+        part = section(text, section_heading) if section_heading else text
+        if part is None:
+            names = ", ".join(repr(h) for h in headings(text)[:20]) or "none"
+            raise NotFoundError(f"{rel} has no heading {section_heading!r}; its headings: {names}")
+        cut = cut_to_budget(part, budget_tokens)
+        entry = kb.retriever.loaded().index.docs[kb.retriever.loaded().by_path[rel]].entry
+        return DocumentOutput(
+            path=rel,
+            title=str(entry.get("title", "")),
+            text=cut or "",
+            section=section_heading,
+            truncated=cut != part,
+            headings=headings(text),
+        )
+
+    @server.tool(title="List the topics")
+    @_tool_errors
+    def list_topics(agent: Agent = "") -> TopicsOutput:
+        """What the knowledge base covers: its topic folders with their summaries and document counts, and the
+        documents at its top."""
+        index = library.get(agent).retriever.loaded().index
+        counts: dict[str, int] = {}
+        for d in index.docs:
+            if d.theme:
+                counts[d.theme] = counts.get(d.theme, 0) + 1
+        return TopicsOutput(
+            themes=tuple(
+                Topic(dir=t.dir, title=t.item.title, summary=t.item.summary, documents=counts.get(t.dir, 0))
+                for t in index.themes
+            ),
+            documents=tuple(
+                TopicEntry(path=d.path, title=str(d.entry["title"]), summary=str(d.entry["summary"]))
+                for d in index.docs
+                if d.theme is None
+            ),
+        )
+
+    @server.tool(title="Find skills for a task")
+    @_tool_errors
+    def find_skills(
+        task: Annotated[str, Field(description="What needs doing, in the user's words.", max_length=20_000)],
+        limit: Annotated[int, Field(description="Skills to return.", ge=1, le=50)] = 5,
+        agent: Agent = "",
+    ) -> SkillsOutput:
+        """In a skill library: the skills that fit a task, one best hit each, with the skills, tools and MCP
+        servers each needs. Load a skill's instructions with read_skill."""
+        kb = _library_of(library.get(agent))
+        return SkillsOutput(skills=tuple(kb.find_skills(task, limit=limit)))
+
+    @server.tool(title="Read a skill")
+    @_tool_errors
+    def read_skill(
+        name: Annotated[str, Field(description="The skill's name, as find_skills returns it.", max_length=64)],
+        agent: Agent = "",
+    ) -> SkillOutput:
+        """In a skill library: a skill's instructions (its SKILL.md), its files and what it needs."""
+        kb = _library_of(library.get(agent))
+        skill = kb.skill(name)
+        folder = kb.path / skill.folder
+        text = document_text(kb.path, f"{skill.folder}/{SKILL_FILE}") or ""
+        closure = kb.skill_closure(name)
+        return SkillOutput(
+            name=skill.name,
+            description=skill.description,
+            instructions=text,
+            files=tuple(f"{skill.folder}/{rel}" for rel, _ in package_files(folder)),
+            **closure.as_fields(),
+        )
+
+    if library.single is not None:
+
+        @server.resource("kindex://index.json", name="root_index", mime_type="application/json")
+        def root_resource() -> str:
+            """The KB's root index: its topics and top documents with their summaries."""
+            return _index_json(library.get(""), None)
+
+        @server.resource("kindex://themes/{dir}/index.json", name="theme_index", mime_type="application/json")
+        def theme_resource(dir: str) -> str:
+            """One topic folder's index: its documents with their summaries."""
+            return _index_json(library.get(""), dir)
+
+    else:
+
+        @server.resource("kindex://agents/{agent}/index.json", name="root_index", mime_type="application/json")
+        def agent_root_resource(agent: str) -> str:
+            """An agent's root index: its topics and top documents with their summaries."""
+            return _index_json(_resource_kb(library, agent), None)
+
+        @server.resource(
+            "kindex://agents/{agent}/themes/{dir}/index.json", name="theme_index", mime_type="application/json"
+        )
+        def agent_theme_resource(agent: str, dir: str) -> str:
+            """One topic folder's index of an agent: its documents with their summaries."""
+            return _index_json(_resource_kb(library, agent), dir)
+
+    return server
+
+
+def _indexed_path(kb: KnowledgeBase, path: str) -> str:
+    rel = normalize_path(path)
+    if not rel or ".." in rel.split("/") or path.startswith(("/", "\\")) or ":" in rel.split("/")[0]:
+        raise UsageError(f"{path!r} is not a KB-relative path: use a path that search returns")
+    if rel not in kb.retriever.loaded().by_path:
+        raise NotFoundError(f"{rel!r} is not a document of this KB's index: use a path that search returns")
+    return rel
+
+
+def _library_of(kb: KnowledgeBase) -> KnowledgeBase:
+    if not kb.is_skill_library:
+        raise NotFoundError("this KB is not a skill library (no folder holds a SKILL.md)")
+    return kb
+
+
+def _resource_kb(library: Library, agent: str) -> KnowledgeBase:
+    try:
+        return library.get(agent)
+    except KindexError as exc:
+        raise ResourceMissing(f"{exc.code}: {exc.message}") from None
+
+
+def _index_json(kb: KnowledgeBase, dir_name: str | None) -> str:
+    try:
+        root, _ = read_index_file(kb.path / INDEX_FILE)
+        if dir_name is None:
+            return root.to_json().decode()
+        if dir_name not in {t.dir for t in root.themes}:
+            raise ResourceMissing(f"not_a_theme: {dir_name!r} is not a topic of this KB")
+        theme, _ = read_index_file(kb.path / dir_name / INDEX_FILE)
+        return theme.to_json().decode()
+    except (OSError, InvalidFileError, IndexMissingError):
+        raise ResourceMissing("index_missing: this KB has no index yet: run `kindex reindex` on it") from None
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+def http_app(server: MCPServer, *, token: str | None, host: str, port: int) -> ASGIApp:
+    """The streamable HTTP app at ``/mcp``: a bearer token when one is set; without one, this machine only
+    (refused for a non-loopback ``host``; Host and Origin must name this machine)."""
+    if token is None and not loopback(host):
+        raise UsageError(f"refusing to serve MCP on {host} without KINDEX_API_TOKEN: set a token, or use 127.0.0.1")
+    if token is None or loopback(host):
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[f"{n}:{p}" for n in names for p in ("*", str(port))],
+            allowed_origins=[f"http://{n}:{p}" for n in names for p in ("*", str(port))],
+        )
+    else:  # a public bind: the token is the guard
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, json_response=True)
+    return app if token is None else _BearerGuard(app, token)
+
+
+_UNAUTHORIZED = b'{"error":{"code":"unauthorized","message":"send the API token as `Authorization: Bearer <token>`"}}'
+
+
+class _BearerGuard:
+    """Requests without ``Authorization: Bearer <token>`` get 401; lifespan events pass (the SDK's session manager
+    starts in the app's lifespan)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                body = _UNAUTHORIZED
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

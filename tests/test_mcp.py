@@ -1,0 +1,223 @@
+"""The MCP server driven by the SDK's own client: over stdio (a `kindex mcp` subprocess) and over streamable HTTP
+(the app under uvicorn), every tool, the resources, hostile arguments and the token."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+import uvicorn
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent, TextResourceContents
+
+import kindex
+from kindex.mcpserver import Library, build_server, http_app
+from tests.conftest import REPO
+
+TOOLS = {"search", "get_context", "read_document", "list_topics", "find_skills", "read_skill"}
+TOKEN = "mcp-test-token"
+
+
+@pytest.fixture
+def indexed(sample_kb: Path) -> Path:
+    kindex.reindex(sample_kb)
+    return sample_kb
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Path:
+    lib = tmp_path / "agents" / "skills"
+    for name, desc, extra in (
+        ("pdf-tools", "Create, merge and split PDF files.", "skill_dependencies: [file-io]\n"),
+        ("file-io", "Read and write files safely.", "tool_dependencies: [cp]\n"),
+    ):
+        (lib / name).mkdir(parents=True)
+        (lib / name / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: {desc}\n{extra}---\n# {name}\n\n{desc}\n", encoding="utf-8"
+        )
+    kindex.reindex(lib)
+    return lib
+
+
+def stdio(kb: Path, mode: str = "auto") -> Client:
+    env = {"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", ""), "HOME": str(kb.parent), "KINDEX_MODEL": ""}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kindex.cli", "mcp", str(kb)], env=env)
+    return Client(params, mode=mode)
+
+
+def text_of(item: object) -> str:
+    assert isinstance(item, TextContent | TextResourceContents), item
+    return item.text
+
+
+def error_code(result: Any) -> str:
+    assert result.is_error, result
+    code = str(result.structured_content["error"]["code"])
+    assert text_of(result.content[0]).startswith(f"{code}: ")
+    return code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_every_tool_over_stdio(indexed: Path, mode: str) -> None:
+    async def session() -> None:
+        async with stdio(indexed, mode) as c:
+            assert {t.name for t in (await c.list_tools()).tools} == TOOLS
+            found = await c.call_tool("search", {"question": "退款多久到账", "limit": 3})
+            results = found.structured_content["results"]
+            assert not found.is_error and results[0]["path"] == "billing/退款政策.md" and len(results) <= 3
+            off = await c.call_tool("search", {"question": "今天上海会下雨吗"})
+            assert off.structured_content == {"results": [], "off_topic": True}
+
+            ctx = await c.call_tool("get_context", {"message": "退款多久到账", "budget_tokens": 400})
+            body = ctx.structured_content
+            assert body["items"][0]["path"] == "billing/退款政策.md" and "(source: billing/退款政策.md)" in body["text"]
+            assert body["tokens"] <= 400 and body["fallback"] is False
+
+            doc = await c.call_tool("read_document", {"path": "billing/退款政策.md"})
+            page = doc.structured_content
+            text = (indexed / "billing" / "退款政策.md").read_text(encoding="utf-8")
+            assert page["title"] == "退款政策" and page["headings"] and page["text"].splitlines()[0] in text
+            heading = page["headings"][1]
+            part = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section_heading": heading})
+            assert part.structured_content["text"].lstrip("# ").startswith(heading)
+            assert len(part.structured_content["text"]) < len(page["text"])
+
+            topics = (await c.call_tool("list_topics", {})).structured_content
+            assert {t["dir"] for t in topics["themes"]} == {"account", "billing", "developer", "sync"}
+            assert "导读.md" in {d["path"] for d in topics["documents"]}
+
+            resources = [r.uri for r in (await c.list_resources()).resources]
+            templates = [t.uri_template for t in (await c.list_resource_templates()).resource_templates]
+            assert resources == ["kindex://index.json"] and templates == ["kindex://themes/{dir}/index.json"]
+            theme = await c.read_resource("kindex://themes/billing/index.json")
+            assert text_of(theme.contents[0]) == (indexed / "billing" / "index.json").read_text(encoding="utf-8")
+            with pytest.raises(MCPError):
+                await c.read_resource("kindex://themes/nowhere/index.json")
+
+    anyio.run(session)
+
+
+@pytest.mark.slow
+def test_hostile_arguments_are_tool_errors_and_nothing_outside_the_index_is_read(indexed: Path) -> None:
+    (indexed.parent / "secret.md").write_text("# secret\n\nnot in the KB\n", encoding="utf-8")
+    (indexed / "billing" / "unindexed.md").write_text("# 未索引\n\n还没有索引。\n", encoding="utf-8")
+
+    async def session() -> None:
+        async with stdio(indexed) as c:
+            for path in ("../secret.md", "/etc/passwd", "billing/../../secret.md"):
+                assert error_code(await c.call_tool("read_document", {"path": path})) == "invalid_request", path
+            for path in ("billing/unindexed.md", "billing/index.json", ".kindex/search.npz", "C:/secret.md"):
+                assert error_code(await c.call_tool("read_document", {"path": path})) == "not_found", path
+            missing = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section_heading": "无此标题"})
+            assert error_code(missing) == "not_found" and "its headings:" in text_of(missing.content[0])
+            huge = await c.call_tool("get_context", {"message": "退款", "budget_tokens": 10**9})
+            assert huge.is_error and "budget_tokens" in text_of(huge.content[0])  # refused by the input schema
+            assert error_code(await c.call_tool("find_skills", {"task": "pdf"})) == "not_found"
+
+    anyio.run(session)
+
+
+@pytest.mark.slow
+def test_skill_tools_over_stdio(library: Path) -> None:
+    async def session() -> None:
+        async with stdio(library) as c:
+            hits = (await c.call_tool("find_skills", {"task": "merge two PDF files", "limit": 2})).structured_content
+            best = hits["skills"][0]
+            assert best["name"] == "pdf-tools" and best["skill_dependencies"] == ["file-io"]
+            skill = (await c.call_tool("read_skill", {"name": "pdf-tools"})).structured_content
+            assert skill["instructions"].startswith("# pdf-tools") and skill["tool_dependencies"] == ["cp"]
+            assert skill["files"] == ["pdf-tools/SKILL.md"]
+            assert error_code(await c.call_tool("read_skill", {"name": "nope"})) == "not_found"
+
+    anyio.run(session)
+
+
+@asynccontextmanager
+async def http_client(url: str, token: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
+        Client(streamable_http_client(url, http_client=http)) as c,
+    ):
+        yield c
+
+
+@pytest.fixture
+def serving(indexed: Path, library: Path) -> Iterator[str]:
+    """Every agent under one folder (the KB as `kb`, the skill library as `skills`) over HTTP with a token.
+
+    The socket listens before the server thread starts, so a client's first request waits in its backlog: no
+    polling for readiness."""
+    indexed.rename(library.parent / "kb")
+    root = library.parent
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    app = http_app(build_server(Library(kb_root=root)), token=TOKEN, host="127.0.0.1", port=port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.mark.slow
+def test_every_agent_over_http_with_the_token(serving: str) -> None:
+    async def session() -> None:
+        async with http_client(serving, TOKEN) as c:
+            ctx = await c.call_tool("get_context", {"message": "退款多久到账", "agent": "kb"})
+            assert not ctx.is_error and ctx.structured_content["items"][0]["path"] == "billing/退款政策.md"
+            skills = await c.call_tool("find_skills", {"task": "merge PDF files", "agent": "skills"})
+            assert skills.structured_content["skills"][0]["name"] == "pdf-tools"
+            assert error_code(await c.call_tool("search", {"question": "退款"})) == "invalid_request"  # no agent
+            assert error_code(await c.call_tool("search", {"question": "退款", "agent": "../kb"})) == "invalid_request"
+            assert error_code(await c.call_tool("search", {"question": "退款", "agent": "ghost"})) == "kb_not_found"
+            index = await c.read_resource("kindex://agents/kb/index.json")
+            assert '"themes"' in text_of(index.contents[0])
+
+    anyio.run(session)
+
+
+@pytest.mark.slow
+def test_http_refuses_requests_without_the_token_and_foreign_hosts(serving: str) -> None:
+    async def probe() -> None:
+        async with httpx2.AsyncClient() as anon:
+            denied = await anon.post(serving, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
+            wrong = await anon.post(serving, json={}, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            rebound = await anon.post(
+                serving,
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                headers={
+                    "Authorization": f"Bearer {TOKEN}",
+                    "Host": "evil.example",
+                    "Content-Type": "application/json",
+                },
+            )
+            assert rebound.status_code in (403, 421)  # the SDK's DNS-rebinding guard
+
+    anyio.run(probe)
+
+
+def test_a_public_bind_needs_a_token(indexed: Path) -> None:
+    server = build_server(Library(kb=indexed))
+    with pytest.raises(kindex.UsageError, match="without KINDEX_API_TOKEN"):
+        http_app(server, token=None, host="0.0.0.0", port=8766)
+    http_app(server, token="t", host="0.0.0.0", port=8766)
