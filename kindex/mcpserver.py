@@ -6,6 +6,9 @@ library returns); a failure is a tool error whose text starts with the HTTP serv
 and whose structured content is ``{"error": {"code", "message"}}``. Only documents the index lists can be read:
 a path with ``..``, an absolute path or a path outside the index is refused. Tools are plain functions, which the
 SDK runs on worker threads, so a slow search never stalls the transport.
+
+Long because each tool's typed signature is its input schema and its docstring the description a model chooses
+tools by; the tools read best side by side, with the output records they return.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from kindex.hosts import loopback
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
-from kindex.results import Context, ContextItem, SkillHit
+from kindex.results import ContextItem, SkillClosure, SkillHit
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
 from kindex.store import read_index_file
@@ -62,6 +65,18 @@ class _Output(BaseModel):
 class SearchOutput(_Output):
     results: tuple[ContextItem, ...] = Field(description="Best first: path, title, abstract, score, matched words.")
     off_topic: bool = Field(description="No document covers the question: the KB does not answer it.")
+
+
+class ContextSources(_Output):
+    """What ``get_context`` returns beside its text (the tool's text content): where the text came from."""
+
+    items: tuple[ContextItem, ...] = Field(description="The documents in the text, in order, with why each was chosen.")
+    fallback: bool = Field(description="No document matched: the text is the KB's overview.")
+    reason: str
+    missing: tuple[str, ...] = Field(description="Indexed documents that could not be read (reindex the KB).")
+    tokens: int = Field(description="Estimated tokens of the text.")
+    budget_tokens: int
+    skills: tuple[SkillClosure, ...] = Field(description="In a skill library: the chosen skills and what they need.")
 
 
 class DocumentOutput(_Output):
@@ -181,10 +196,12 @@ def build_server(library: Library) -> MCPServer:
         ] = None,
         paths: Annotated[tuple[str, ...], Field(description="Files the user is working on.", max_length=50)] = (),
         agent: Agent = "",
-    ) -> Context:
+    ) -> Annotated[types.CallToolResult, ContextSources]:
         """The documents a chat message is about, as prompt-ready text under headers naming each source, within
         a token budget. When no document matches, the KB's overview (fallback=true, with the reason)."""
-        return library.get(agent).context(message, paths=paths, budget_tokens=budget_tokens, max_docs=max_docs)
+        ctx = library.get(agent).context(message, paths=paths, budget_tokens=budget_tokens, max_docs=max_docs)
+        sources = ContextSources.model_construct(**{k: getattr(ctx, k) for k in ContextSources.model_fields})
+        return _text_and_record(ctx.text, sources)
 
     @server.tool(title="Read a document")
     @_tool_errors
@@ -199,7 +216,7 @@ def build_server(library: Library) -> MCPServer:
             int, Field(description="Token budget of the text.", ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS)
         ] = DEFAULT_READ_TOKENS,
         agent: Agent = "",
-    ) -> DocumentOutput:
+    ) -> Annotated[types.CallToolResult, DocumentOutput]:
         """Read one document of the knowledge base (or one of its sections) as written, within a token budget.
         Only documents the index lists can be read."""
         kb = library.get(agent)
@@ -213,7 +230,7 @@ def build_server(library: Library) -> MCPServer:
             raise NotFoundError(f"{rel} has no heading {section_heading!r}; its headings: {names}")
         cut = cut_to_budget(part, budget_tokens)
         entry = kb.retriever.loaded().index.docs[kb.retriever.loaded().by_path[rel]].entry
-        return DocumentOutput(
+        page = DocumentOutput(
             path=rel,
             title=str(entry.get("title", "")),
             text=cut or "",
@@ -221,6 +238,7 @@ def build_server(library: Library) -> MCPServer:
             truncated=cut != part,
             headings=headings(text),
         )
+        return _text_and_record(page.text, page)
 
     @server.tool(title="List the topics")
     @_tool_errors
@@ -303,6 +321,14 @@ def build_server(library: Library) -> MCPServer:
             return _index_json(_resource_kb(library, agent), dir)
 
     return server
+
+
+def _text_and_record(text: str, record: BaseModel) -> types.CallToolResult:
+    # The model reads the text itself (not the record re-encoded as indented JSON, the SDK's default, which would
+    # double what crosses the transport); clients that want the fields read the structured content.
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=record.model_dump(mode="json")
+    )
 
 
 def _indexed_path(kb: KnowledgeBase, path: str) -> str:

@@ -81,13 +81,15 @@ def test_every_tool_over_stdio(indexed: Path, mode: str) -> None:
 
             ctx = await c.call_tool("get_context", {"message": "退款多久到账", "budget_tokens": 400})
             body = ctx.structured_content
-            assert body["items"][0]["path"] == "billing/退款政策.md" and "(source: billing/退款政策.md)" in body["text"]
-            assert body["tokens"] <= 400 and body["fallback"] is False
+            text = text_of(ctx.content[0])  # the text the model reads; the structured content says where it came from
+            assert body["items"][0]["path"] == "billing/退款政策.md" and "(source: billing/退款政策.md)" in text
+            assert body["tokens"] <= 400 and body["fallback"] is False and "text" not in body
 
             doc = await c.call_tool("read_document", {"path": "billing/退款政策.md"})
             page = doc.structured_content
-            text = (indexed / "billing" / "退款政策.md").read_text(encoding="utf-8")
-            assert page["title"] == "退款政策" and page["headings"] and page["text"].splitlines()[0] in text
+            source = (indexed / "billing" / "退款政策.md").read_text(encoding="utf-8")
+            assert page["title"] == "退款政策" and page["headings"] and page["text"].splitlines()[0] in source
+            assert text_of(doc.content[0]) == page["text"]
             heading = page["headings"][1]
             part = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section_heading": heading})
             assert part.structured_content["text"].lstrip("# ").startswith(heading)
