@@ -183,6 +183,15 @@ def serving(indexed: Path, library: Path) -> Iterator[str]:
 def test_every_agent_over_http_with_the_token(serving: str) -> None:
     async def session() -> None:
         async with http_client(serving, TOKEN) as c:
+            assert {t.name for t in (await c.list_tools()).tools} == TOOLS
+            found = await c.call_tool("search", {"question": "发票怎么开", "agent": "kb"})
+            assert found.structured_content["results"][0]["path"] == "billing/发票开具.md"
+            page = await c.call_tool("read_document", {"path": "billing/发票开具.md", "agent": "kb"})
+            assert page.structured_content["title"] == "发票开具"
+            topics = await c.call_tool("list_topics", {"agent": "kb"})
+            assert len(topics.structured_content["themes"]) == 4
+            skill = await c.call_tool("read_skill", {"name": "file-io", "agent": "skills"})
+            assert skill.structured_content["tool_dependencies"] == ["cp"]
             ctx = await c.call_tool("get_context", {"message": "退款多久到账", "agent": "kb"})
             assert not ctx.is_error and ctx.structured_content["items"][0]["path"] == "billing/退款政策.md"
             skills = await c.call_tool("find_skills", {"task": "merge PDF files", "agent": "skills"})
