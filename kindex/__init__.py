@@ -58,6 +58,7 @@ _LAZY = {
     "LLMGenerator": "kindex.generators",
     "Usage": "kindex.generators",
     "extract_object": "kindex.jsonextract",
+    "Effective": "kindex.config",
     "KnowledgeBase": "kindex.kb",
     "Settings": "kindex.kb",
     "build_context": "kindex.kb",
@@ -86,6 +87,8 @@ _LAZY = {
     "TokenEstimate": "kindex.results",
     "Retriever": "kindex.retrieve",
     "Closure": "kindex.skillmodel",
+    "Update": "kindex.watch",
+    "Watcher": "kindex.watch",
     "Problem": "kindex.skillmodel",
     "Skill": "kindex.skillmodel",
     "validate_skills": "kindex.skillmodel",
@@ -110,6 +113,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from kindex.config import Effective
     from kindex.generate import Options, Progress, doc, dry_run, preview, reindex, root, sub
     from kindex.generators import ExtractiveGenerator, Generator, LLMGenerator, Usage
     from kindex.jsonextract import extract_object
@@ -134,6 +138,7 @@ if TYPE_CHECKING:
     from kindex.retrieve import Retriever
     from kindex.skillmodel import Closure, Problem, Skill, validate_skills
     from kindex.skills import delete_skill, export_skill, import_skill, sync_skills
+    from kindex.watch import Update, Watcher
 
 __version__ = "0.1.0"
 
@@ -147,6 +152,7 @@ __all__ = [
     "Context",
     "ContextItem",
     "DocItem",
+    "Effective",
     "ExtractiveGenerator",
     "Failure",
     "ForbiddenError",
@@ -197,8 +203,10 @@ __all__ = [
     "ThemeItem",
     "TokenEstimate",
     "UnauthorizedError",
+    "Update",
     "Usage",
     "UsageError",
+    "Watcher",
     "__version__",
     "build_context",
     "delete_skill",
