@@ -27,7 +27,9 @@ concurrency = 8
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,6 +59,14 @@ def _text_list(value: object) -> tuple[str, ...]:
     return out
 
 
+def _documents(value: object) -> tuple[str, ...]:
+    out = _text_list(value)
+    bad = [p for p in out if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or ":" in p]
+    if bad:
+        raise InvalidDataError(f"{bad[0]!r} is not a KB-relative path")
+    return out
+
+
 def _globs(value: object) -> tuple[str, ...]:
     out = _text_list(value)
     bad = [g for g in out if not usable_glob(g)]
@@ -66,17 +76,21 @@ def _globs(value: object) -> tuple[str, ...]:
 
 
 def _number(kind: type, low: float | None = None, high: float | None = None) -> Callable[[object], Any]:
+    noun = "an integer" if kind is int else "a number"
+
     def parse(value: object) -> Any:
         if isinstance(value, bool):
-            raise InvalidDataError(f"expected a {kind.__name__}")
+            raise InvalidDataError(f"expected {noun}")
         if isinstance(value, str):
             value = value.strip()
         try:
             number = kind(value)  # from the environment's text, or TOML's int/float
-        except (TypeError, ValueError):
-            raise InvalidDataError(f"expected a {kind.__name__}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidDataError(f"expected {noun}") from None
         if kind is int and isinstance(value, float):
             raise InvalidDataError("expected a whole number")
+        if not math.isfinite(number):  # nan passes every comparison below, and inf is no bound
+            raise InvalidDataError(f"expected a finite number, got {value!r}")
         if (low is not None and number < low) or (high is not None and number > high):
             raise InvalidDataError(f"must be {low if low is not None else '…'} to {high if high is not None else '…'}")
         return number
@@ -115,7 +129,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("fallback_docs", "context", _text_list, ("导读.md", "00-总则与功能导航.md"), "overview documents"),
+    Setting("fallback_docs", "context", _documents, ("导读.md", "00-总则与功能导航.md"), "overview documents"),
     Setting("min_relevance", "context", _number(float, 0.0, 1.0), 0.3, "on-topic threshold (share of weight)"),
     Setting("budget_tokens", "context", _number(int, MIN_BUDGET_TOKENS, MAX_BUDGET_TOKENS), 6000, "context budget"),
     Setting("max_docs", "context", _number(int, 1, MAX_DOCS_LIMIT), 4, "documents per context"),
@@ -153,30 +167,46 @@ class Effective:
 def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
     """The checked values of ``<kb>/kindex.toml`` (empty when there is none); :class:`InvalidFileError` names the
     key and the rule a broken file breaks."""
-    path = Path(kb) / CONFIG_FILE
+    root = Path(kb)
+    path = root / CONFIG_FILE
+    if not os.path.lexists(path):
+        return {}
     try:
-        if not path.is_file():
-            return {}
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise InvalidFileError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        real = path.resolve(strict=True)
+        st = real.stat()
+    except (OSError, RuntimeError) as exc:  # dangling or looping symlink
+        raise InvalidFileError(f"{CONFIG_FILE} cannot be read ({exc}): make it a regular file") from None
+    if not stat.S_ISREG(st.st_mode) or not real.is_relative_to(root.resolve()):
+        raise InvalidFileError(f"{CONFIG_FILE} must be a regular file inside the knowledge folder")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise InvalidFileError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    try:
+        data = tomllib.loads(real.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidFileError(f"{CONFIG_FILE} cannot be read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidFileError(f"{CONFIG_FILE} is not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nesting level: a few KB of brackets exhaust the stack
+        raise InvalidFileError(f"{CONFIG_FILE} is not valid TOML (nested too deeply)") from None
     out: dict[str, Any] = {}
     for section, table in data.items():
         names = {s.name for s in SETTINGS if s.section == section}
-        if not names or not isinstance(table, dict):
+        if not names:
             known = ", ".join(sorted({f"[{s.section}]" for s in SETTINGS}))
             raise InvalidFileError(f"{CONFIG_FILE}: unknown section [{section}] (known: {known})")
+        if not isinstance(table, dict):
+            raise InvalidFileError(f"{CONFIG_FILE}: {section} must be a section ([{section}]), not a value")
         for key, raw in table.items():
             if key not in names:
                 raise InvalidFileError(
                     f"{CONFIG_FILE}: [{section}] has no setting {key!r} (known: {', '.join(sorted(names))})"
                 )
+            setting = BY_NAME[key]
             try:
-                out[key] = BY_NAME[key].parse(raw)
+                if isinstance(raw, str) and isinstance(setting.default, int | float):
+                    # Text is how the environment spells numbers; a file says what it means.
+                    raise InvalidDataError(f"expected a number, not the string {raw!r}")
+                out[key] = setting.parse(raw)
             except InvalidDataError as exc:
                 raise InvalidFileError(f"{CONFIG_FILE}: [{section}] {key}: {exc.message}") from None
     return out

@@ -28,7 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import kindex
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError, NotFoundError, UsageError
+from kindex.errors import (
+    IndexMissingError,
+    InvalidFileError,
+    KBNotFoundError,
+    KindexError,
+    NotFoundError,
+    UsageError,
+)
 from kindex.fitting import cut_to_budget
 from kindex.globs import normalize_path
 from kindex.hosts import loopback
@@ -137,6 +144,8 @@ class Library:
 
     def get(self, agent: str) -> KnowledgeBase:
         if self.single is not None:
+            if not self.single.path.is_dir():
+                raise KBNotFoundError(f"the knowledge folder {self.single.path.name!r} is gone")
             return self.single
         assert self.root is not None
         if not agent:
@@ -399,14 +408,15 @@ class _BearerGuard:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = token.encode()
 
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
     ) -> None:
         if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+            # The scheme is case-insensitive (RFC 9110), as kindex serve treats it.
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.expected):
                 body = _UNAUTHORIZED
                 await send(
                     {

@@ -17,7 +17,7 @@ from pathlib import Path
 import watchfiles
 
 from kindex.config import CONFIG_FILE
-from kindex.errors import KindexError
+from kindex.errors import InterruptedRun, KindexError
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
@@ -73,6 +73,18 @@ def relevant(kb: Path, path: str) -> str | None:
     return None
 
 
+def _vanished_folder(root: Path, full: Path) -> str | None:
+    """For a deleted path that was no document: a placeholder under the folder's theme (``theme/``), so the
+    theme is rewritten; ``None`` for kindex's own files and hidden ones."""
+    if not full.is_relative_to(root):
+        return None
+    rel = full.relative_to(root).as_posix()
+    parts = rel.split("/")
+    if any(part.startswith(".") for part in parts) or parts[-1] in (INDEX_FILE, CONFIG_FILE) or "." in parts[-1]:
+        return None
+    return f"{parts[0]}/" if len(parts) > 1 else f"{rel}/"
+
+
 def plan(themes_before: set[str], themes_after: set[str], changed: Iterable[str], removed: Iterable[str]) -> _Plan:
     """The smallest steps that bring the index up to date with these changes."""
     out = _Plan()
@@ -85,7 +97,10 @@ def plan(themes_before: set[str], themes_after: set[str], changed: Iterable[str]
             out.root = True
         else:
             theme, path = rel.split("/", 1)
-            if theme in themes_after and theme in themes_before:
+            if not path:  # a folder placeholder: its theme is written whole
+                if theme in themes_after:
+                    out.subs.add(theme)
+            elif theme in themes_after and theme in themes_before:
                 out.docs.append((theme, path))
             elif theme in themes_after:
                 out.subs.add(theme)  # a new theme: its index is written whole
@@ -126,13 +141,21 @@ class Watcher:
         self.stopped.set()
 
     def run(self) -> None:
-        """Watch until stopped. Each batch is handled before the next is gathered; errors are reported, not raised."""
+        """Watch until stopped (or until the folder itself is gone). Each batch is handled before the next is
+        gathered; failures are reported through ``on_update``, not raised, except an interrupted step
+        (:class:`InterruptedRun`, Ctrl-C), which ends the watch."""
         root = self.kb.path
-        themes = set(scan(root).themes)
+        try:
+            themes = set(scan(root).themes)
+        except KindexError as exc:  # a broken kindex.toml: said, and watched until it is fixed
+            themes = set()
+            self.on_update(Update((), (), (), (), exc.message))
         ready = False
         for changes in watchfiles.watch(
             root,
-            debounce=self.debounce_ms,
+            # `step` is the quiet time that ends a batch; `debounce` only caps how long one batch may grow.
+            step=self.debounce_ms,
+            debounce=max(10 * self.debounce_ms, 10_000),
             stop_event=self.stopped,
             yield_on_timeout=True,
             rust_timeout=max(200, self.debounce_ms),
@@ -145,15 +168,24 @@ class Watcher:
                     self.on_ready()
             if not changes:
                 continue
+            if not root.is_dir():
+                self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
+                self.stopped.set()
+                return
             changed: set[str] = set()
             removed: set[str] = set()
             for change, path in changes:
-                if change == watchfiles.Change.added and Path(path).is_dir():
+                full = Path(path)
+                if change == watchfiles.Change.added and full.is_dir():
                     # Files written into a new folder before its watch was set up are reported by nobody: the
                     # folder's documents are taken as added.
-                    changed.update(r for f in Path(path).rglob("*.md") if (r := relevant(root, str(f))) is not None)
+                    changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
                     continue
                 rel = relevant(root, path)
+                if rel is None and change == watchfiles.Change.deleted:
+                    # A folder moved away (or renamed to a hidden name) is one event for the folder, none for its
+                    # files: its theme is rewritten (from cached answers), or the root re-asked if it was one.
+                    rel = _vanished_folder(root, full)
                 if rel is None:
                     continue
                 if change == watchfiles.Change.deleted:
@@ -167,11 +199,18 @@ class Watcher:
 
     def _apply(self, themes: set[str], changed: list[str], removed: list[str]) -> set[str]:
         try:
-            after = set(scan(self.kb.path).themes)
+            s = scan(self.kb.path)
         except KindexError as exc:
             self.on_update(Update(tuple(changed), tuple(removed), (), (), exc.message))
             return themes
-        steps = plan(themes, after, changed, removed)
+        after = set(s.themes)
+        # A changed file the scan did not take (not UTF-8, empty, too large, a symlink out…) is gone from the index.
+        scanned = {d.rel for d in s.documents}
+        skipped = {x.path: x.reason for x in s.skipped}
+        notes = tuple(f"{rel}: skipped: {skipped[rel]}" for rel in changed if rel in skipped)
+        unscannable = [rel for rel in changed if rel != CONFIG_FILE and rel not in scanned]
+        changed = [rel for rel in changed if rel not in unscannable]
+        steps = plan(themes, after, changed, sorted({*removed, *unscannable}))
         reports: list[RunReport] = []
         done: list[str] = []
         try:
@@ -188,10 +227,13 @@ class Watcher:
                 for theme, path in steps.docs:
                     reports.append(self.kb.doc(theme, path, options=self._options()))
                     done.append(f"doc {theme}/{path}")
+        except InterruptedRun:
+            raise
         except KindexError as exc:
-            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), exc.message))
+            error = "; ".join([*notes, exc.message])
+            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), error))
             return after
-        self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports)))
+        self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), "; ".join(notes) or None))
         return after
 
     def _options(self) -> Options:

@@ -87,7 +87,7 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
     assert code == 2 and "Invalid value for '--concurrency'" in err
 
     code, _, err = run("reindex", str(sample_kb), env={"KINDEX_TEMPERATURE": "hot"})
-    assert code == 2 and "KINDEX_TEMPERATURE='hot': expected a float" in err
+    assert code == 2 and "KINDEX_TEMPERATURE='hot': expected a number" in err
     assert not (sample_kb / "index.json").exists()
     assert not (tmp_path / "missing").exists()
 

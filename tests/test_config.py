@@ -121,3 +121,42 @@ def test_search_lists_the_ranking_without_the_documents(sample_kb: Path) -> None
     assert "text" not in results[0] and results[0]["title"] == "退款政策"
     assert off.exit_code == 0 and off.stdout == "" and "off topic" in off.stderr
     assert human.stdout.splitlines()[0].split()[1] == "billing/退款政策.md"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[context]\nmax_docs=" + "[" * 2000 + "]" * 2000, "not valid TOML (nested too deeply)"),
+        ("[model]\nretry_base_delay = nan\n", "expected a finite number"),
+        ("[context]\nmin_relevance = inf\n", "expected a finite number"),
+        ('[context]\nmax_docs = "4"\n', "expected a number, not the string '4'"),
+        ("context = 5\n", "context must be a section"),
+        ('[context]\nfallback_docs = ["../secret.md"]\n', "is not a KB-relative path"),
+    ],
+)
+def test_hostile_config_values_are_named_errors(sample_kb: Path, text: str, message: str) -> None:
+    write_config(sample_kb, text)
+    result = CliRunner().invoke(main, ["config", str(sample_kb)])
+    assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_config_file_that_is_not_a_regular_file_inside_the_kb_is_an_error(sample_kb: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.toml"
+    outside.write_text("[context]\nmax_docs = 2\n", encoding="utf-8")
+    target = sample_kb / "kindex.toml"
+    for kind in ("folder", "symlink out", "dangling symlink"):
+        if kind == "folder":
+            target.mkdir()
+        else:
+            target.symlink_to(outside if kind == "symlink out" else tmp_path / "missing")
+        result = CliRunner().invoke(main, ["config", str(sample_kb)])
+        assert result.exit_code == 1 and "kindex.toml" in result.stderr, kind
+        if kind == "folder":
+            target.rmdir()
+        else:
+            target.unlink()
+
+
+def test_config_of_a_missing_folder_is_kb_not_found(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["config", str(tmp_path / "nowhere"), "--json"])
+    assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "kb_not_found"

@@ -213,6 +213,12 @@ def test_http_refuses_requests_without_the_token_and_foreign_hosts(serving: str)
             assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
             wrong = await anon.post(serving, json={}, headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 401
+            lower = await anon.post(
+                serving,
+                json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                headers={"Authorization": f"bearer {TOKEN}", "Accept": "application/json, text/event-stream"},
+            )
+            assert lower.status_code != 401  # the scheme is case-insensitive, as for kindex serve
             rebound = await anon.post(
                 serving,
                 json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
@@ -232,3 +238,17 @@ def test_a_public_bind_needs_a_token(indexed: Path) -> None:
     with pytest.raises(kindex.UsageError, match="without KINDEX_API_TOKEN"):
         http_app(server, token=None, host="0.0.0.0", port=8766)
     http_app(server, token="t", host="0.0.0.0", port=8766)
+
+
+def test_a_removed_kb_is_kb_not_found(indexed: Path) -> None:
+    import shutil
+
+    server = build_server(Library(kb=indexed))
+
+    async def session() -> None:
+        async with Client(server) as c:
+            assert not (await c.call_tool("search", {"question": "退款"})).is_error
+            shutil.rmtree(indexed)
+            assert error_code(await c.call_tool("search", {"question": "退款"})) == "kb_not_found"
+
+    anyio.run(session)

@@ -150,3 +150,64 @@ def test_the_service_watches_an_agent_on_request(sample_kb: Path) -> None:
         assert status["updates"] == 1 and status["last"]["steps"] == ["doc billing/自动续费.md"]
         off = http.delete(f"/v1/agents/{agent}/knowledge/watch")
         assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
+
+
+def test_a_folder_moved_out_or_hidden_and_an_unscannable_document_leave_a_valid_index(
+    sample_kb: Path, tmp_path: Path, watching: tuple[Running, FakeClient]
+) -> None:
+    running, _ = watching
+    (sample_kb / "sync").rename(tmp_path / "sync-elsewhere")  # a whole theme moved out: one event, for the folder
+    gone = running.next()
+    assert "root" in gone.steps and kindex.validate(sample_kb) == []
+
+    (sample_kb / "billing" / "企业采购").rename(sample_kb / ".trash")  # a sub-folder hidden
+    hidden = running.next()
+    assert hidden.steps == ("sub billing",) and kindex.validate(sample_kb) == []
+
+    (sample_kb / "account" / "双重验证.md").write_bytes(b"\xff\xfe not utf-8\n")  # the scan no longer takes it
+    broken = running.next()
+    assert broken.steps == ("sub account",) and broken.error and "skipped" in broken.error
+    assert "双重验证.md" not in entries(sample_kb, "account") and kindex.validate(sample_kb) == []
+
+
+def test_a_burst_of_saves_is_one_update(sample_kb: Path) -> None:
+    client = FakeClient()
+    kindex.KnowledgeBase(sample_kb, client=client).reindex()
+    handle = kindex.KnowledgeBase(sample_kb, client=client)
+    updates: queue.Queue[Update] = queue.Queue()
+    ready = threading.Event()
+    watcher = Watcher(handle, updates.put, debounce_ms=1500, on_ready=ready.set)
+    thread = threading.Thread(target=watcher.run)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        doc = sample_kb / "sync" / "离线模式.md"
+        original = doc.read_text(encoding="utf-8")
+        for i in range(5):  # saves well within the quiet time of each other
+            doc.write_text(f"# 离线模式 第{i}版\n\n" + original, encoding="utf-8")
+        update = updates.get(timeout=60)
+        assert update.steps == ("doc sync/离线模式.md",) and update.calls == 1
+    finally:
+        watcher.stop()
+        thread.join(30)
+    assert updates.empty()
+
+
+def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_folder(sample_kb: Path) -> None:
+    import shutil
+
+    app = create_app(sample_kb.parent, client=FakeClient())
+    agent = sample_kb.name
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        assert http.post(f"/v1/agents/{agent}/knowledge/reindex").status_code == 200
+        (sample_kb / "kindex.toml").write_text("[context]\nmax_docs = 0\n", encoding="utf-8")
+        refused = http.put(f"/v1/agents/{agent}/knowledge/watch")
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_file"
+        (sample_kb / "kindex.toml").unlink()
+        assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["watching"] is True
+        entry = app.state.kindex.watchers[agent]
+        shutil.rmtree(sample_kb)
+        entry.thread.join(60)  # the watcher notices its folder is gone and stops
+        status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
+        assert status["watching"] is False and "is gone" in status["last"]["error"]
+        assert http.delete(f"/v1/agents/{agent}/knowledge/watch").status_code == 200

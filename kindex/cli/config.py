@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from kindex.cli.options import json_opt, kb_arg, print_json
 from kindex.config import CONFIG_FILE, SETTINGS, resolve
+from kindex.errors import KBNotFoundError
 
 
 @click.command("config")
@@ -27,6 +30,9 @@ def config_cmd(kb: str, as_json: bool) -> None:
       [model]
       model = "openai/gpt-4o-mini"
     """
+    if not Path(kb).is_dir():
+        what = "is not a folder" if Path(kb).exists() else "does not exist"
+        raise KBNotFoundError(f"knowledge folder '{kb}' {what}")
     eff = resolve(kb)
     if as_json:
         print_json({s.name: {"value": _json(eff[s.name]), "source": eff.sources[s.name]} for s in SETTINGS})

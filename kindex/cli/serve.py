@@ -26,7 +26,8 @@ from kindex.errors import KindexError, UsageError
 def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     """Serve the reindex steps, BuildContext and tasks over HTTP (needs kindex[server]).
 
-    Routes live under /v1/agents/{agent_id}/knowledge/; OpenAPI at /docs. Requests must carry
+    Routes live under /v1/agents/{agent_id}/knowledge/ (reindex steps, context, index files, watch); OpenAPI
+    at /docs. Requests must carry
     `Authorization: Bearer $KINDEX_API_TOKEN`; without that variable the server listens on loopback only.
     The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
     """

@@ -30,7 +30,8 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     Starts with a reindex (cached answers make it cheap), then handles each batch of changes with the smallest
     steps: an edited or added document is one model call (its entry and its theme index, nothing else), a
     deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
-    kindex.toml runs the whole pipeline. One line per update on stdout (--json: one JSON object per line).
+    kindex.toml runs the whole pipeline. A batch ends after --debounce milliseconds without a change, so a burst
+    of saves is one update. One line per update on stdout (--json: one JSON object per line).
 
     \b
     Example:

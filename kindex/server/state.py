@@ -17,6 +17,7 @@ from kindex.errors import ForbiddenError, UnauthorizedError
 from kindex.hosts import loopback
 from kindex.kb import KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
+from kindex.scan import scan
 from kindex.server.tasks import Tasks
 from kindex.watch import Update, Watcher
 
@@ -52,8 +53,10 @@ class ServerState:
             return kb
 
     def watch(self, agent_id: str) -> AgentWatch:
-        """Start watching the agent's folder (a no-op when it is watched already)."""
+        """Start watching the agent's folder (a no-op when it is watched already); a broken ``kindex.toml`` is
+        refused here, not found later by the watcher."""
         kb = self.handle(agent_id)
+        scan(kb.path)  # reads kindex.toml (its exclude): InvalidFileError answers 422 at once
         with self._lock:
             current = self.watchers.get(agent_id)
             if current is not None and current.thread.is_alive():
