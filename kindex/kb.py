@@ -303,11 +303,16 @@ class KnowledgeBase:
             raise
 
 
+def check_agent_id(agent_id: str) -> None:
+    """:class:`UsageError` unless ``agent_id`` can name an agent (1 to 64 of ``A-Z a-z 0-9 _ -``)."""
+    if not AGENT_ID.fullmatch(agent_id):
+        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
+
+
 def agent_folder(kb_root: Path, agent_id: str) -> Path:
     """The knowledge folder of ``agent_id`` under ``kb_root``: :class:`UsageError` for an id that cannot be one,
     :class:`KBNotFoundError` when the agent has no folder (a symlink out of ``kb_root`` counts as none)."""
-    if not AGENT_ID.fullmatch(agent_id):
-        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
+    check_agent_id(agent_id)
     root = kb_root.resolve()
     kb = (root / agent_id).resolve()
     if not kb.is_relative_to(root) or not kb.is_dir():
@@ -319,9 +324,13 @@ class Handles:
     """KB handles by folder, at most ``limit`` (least recently used dropped): what the module-level functions and
     the MCP server keep, so a KB's tables stay loaded between calls without memory growing with every KB seen."""
 
-    def __init__(self, limit: int = MAX_HANDLES) -> None:
+    def __init__(
+        self, limit: int = MAX_HANDLES, *, flags: Mapping[str, Any] | None = None, client: LLMClient | None = None
+    ) -> None:
         self._handles: OrderedDict[Path, KnowledgeBase] = OrderedDict()
         self._limit = limit
+        self._flags = dict(flags or {})
+        self._client = client
         self._lock = threading.Lock()
 
     def get(self, path: str | os.PathLike[str]) -> KnowledgeBase:
@@ -329,7 +338,7 @@ class Handles:
         with self._lock:
             handle = self._handles.get(key)
             if handle is None:
-                handle = self._handles[key] = KnowledgeBase(key)
+                handle = self._handles[key] = KnowledgeBase(key, flags=self._flags, client=self._client)
                 while len(self._handles) > self._limit:
                     self._handles.popitem(last=False)
             else:

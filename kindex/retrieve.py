@@ -336,6 +336,20 @@ class _Hit:
     def summary(self) -> str:
         return str(self.entry.get("summary", ""))
 
+    def item(self, matched: tuple[str, ...], *, truncated: bool = False, tokens: int = 0) -> ContextItem:
+        """The hit as the result record: served (``tokens``) or only ranked."""
+        return ContextItem.model_construct(
+            path=self.path,
+            level=self.level,
+            score=self.score,
+            title=self.title,
+            abstract=self.summary,
+            reason=self.reason,
+            matched=matched,
+            truncated=truncated,
+            tokens=tokens,
+        )
+
 
 def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: float, limit: int) -> list[_Hit]:
     """Rules for the files in scope first, then the documents the question is about (none when off topic)."""
@@ -434,18 +448,7 @@ class Retriever:
         loaded = self.loaded()
         scored = _score(loaded, _query_terms(message, loaded))
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
-        items = [
-            ContextItem.model_construct(
-                path=h.path,
-                level=h.level,
-                score=h.score,
-                title=h.title,
-                abstract=h.summary,
-                reason=h.reason,
-                matched=_matched(scored, h.idx) if explain else (),
-            )
-            for h in hits
-        ]
+        items = [h.item(_matched(scored, h.idx) if explain else ()) for h in hits]
         if themes and loaded.index.themes:
             t_scores, t_cover = _theme_scores(loaded, scored)
             on_topic = any(h.reason == "matched" for h in hits)
@@ -608,19 +611,7 @@ def _assemble(
         if truncated:
             used = budget  # the cut document is the last one
         parts.append(chunk)
-        items.append(
-            ContextItem.model_construct(
-                path=hit.path,
-                level=hit.level,
-                score=hit.score,
-                title=hit.title,
-                abstract=hit.summary,
-                reason=hit.reason,
-                matched=_matched(scored, hit.idx),
-                truncated=truncated,
-                tokens=estimate_tokens(chunk),
-            )
-        )
+        items.append(hit.item(_matched(scored, hit.idx), truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(
         text="\n\n".join(parts),
         items=tuple(items),

@@ -230,3 +230,15 @@ def test_the_agent_skill_for_kindex_is_a_valid_skill_that_its_own_search_finds(t
     kindex.reindex(library)
     assert kindex.validate(library) == []
     assert kindex.find_skills(library, "find the right runbook in our docs folder")[0].name == "kindex"
+
+
+def test_a_handles_registry_keeps_at_most_its_limit_and_drops_the_least_recently_used(tmp_path: Path) -> None:
+    from kindex.kb import Handles
+
+    handles = Handles(limit=2)
+    a, b, c = (tmp_path / n for n in "abc")
+    first = handles.get(a)
+    handles.get(b)
+    assert handles.get(a) is first  # used again: now the most recent
+    handles.get(c)  # drops b, the least recently used
+    assert handles.get(a) is first and len(handles._handles) == 2 and b.resolve() not in handles._handles

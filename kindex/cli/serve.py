@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging.config
 import os
 import socket
@@ -11,6 +10,7 @@ import click
 
 from kindex.cli.index import concurrency_opt
 from kindex.errors import KindexError, UsageError
+from kindex.hosts import loopback
 
 
 @click.command()
@@ -32,11 +32,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
     """
     token = os.environ.get("KINDEX_API_TOKEN") or None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if token is None and not loopback:
+    if token is None and not loopback(host):
         raise UsageError(f"refusing to listen on {host} without KINDEX_API_TOKEN: set a token, or use 127.0.0.1")
     try:
         import uvicorn

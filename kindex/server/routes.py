@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError, UsageError
+from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError
 from kindex.generate import Options
-from kindex.kb import AGENT_ID, KnowledgeBase
+from kindex.kb import KnowledgeBase, check_agent_id
 from kindex.records import INDEX_FILE, Index
 from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit
 from kindex.scan import scan
@@ -48,6 +48,8 @@ async def _run_step(
     state: ServerState, agent_id: str, step: str, wait: bool, body: Callable[[KnowledgeBase, Options], RunReport]
 ) -> Response:
     kb = state.handle(agent_id)
+    # One stat of kindex.toml (the file, at most 64 KiB, is parsed only when it changed): cheap enough for the loop,
+    # and no thread is taken from the pool other requests need.
     task = state.tasks.start(agent_id, step, lambda opts: body(kb, opts), kb.settings.generation)
     if not wait:
         model = task.to_model().model_dump_json()
@@ -146,21 +148,16 @@ async def watch_on(agent_id: str, request: Request) -> Any:
 def watch_status(agent_id: str, request: Request) -> Any:
     # By id alone: a watcher whose folder was removed is still reported (and can be stopped).
     state = server_state(request)
-    _check_agent_id(agent_id)
+    check_agent_id(agent_id)
     return _watch_model(agent_id, state.watchers.get(agent_id))
 
 
 @knowledge.delete("/watch", response_model=WatchModel, summary="Stop watching the agent's folder")
 async def watch_off(agent_id: str, request: Request) -> Any:
     state = server_state(request)
-    _check_agent_id(agent_id)
+    check_agent_id(agent_id)
     await asyncio.to_thread(state.unwatch, agent_id)
     return _watch_model(agent_id, None)
-
-
-def _check_agent_id(agent_id: str) -> None:
-    if not AGENT_ID.fullmatch(agent_id):
-        raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
 
 
 def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hmac
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from fastapi import Request
 
 from kindex.errors import ForbiddenError, UnauthorizedError
 from kindex.hosts import loopback
-from kindex.kb import KnowledgeBase, agent_folder
+from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import Tasks
@@ -36,21 +35,16 @@ class ServerState:
     """Settings the server was started with; they win over each agent's environment and ``kindex.toml``."""
     client: LLMClient | None = None
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
-    _handles: OrderedDict[str, KnowledgeBase] = field(default_factory=OrderedDict)
+    _handles: Handles | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._handles = Handles(MAX_LOADED_AGENTS, flags=self.flags, client=self.client)
 
     def handle(self, agent_id: str) -> KnowledgeBase:
         """The agent's KB handle (its tables stay loaded between requests, within :data:`MAX_LOADED_AGENTS`)."""
-        path = agent_kb(self, agent_id)
-        with self._lock:
-            kb = self._handles.get(agent_id)
-            if kb is None or kb.path != path:
-                kb = self._handles[agent_id] = KnowledgeBase(path, flags=self.flags, client=self.client)
-                while len(self._handles) > MAX_LOADED_AGENTS:
-                    self._handles.popitem(last=False)
-            else:
-                self._handles.move_to_end(agent_id)
-            return kb
+        assert self._handles is not None
+        return self._handles.get(agent_kb(self, agent_id))
 
     def watch(self, agent_id: str) -> AgentWatch:
         """Start watching the agent's folder (a no-op when it is watched already); a broken ``kindex.toml`` is
