@@ -26,6 +26,7 @@ CLI and the server map errors from these attributes alone. The message says what
     │   ├── AnswerError                  (an answer holds no usable JSON object)
     │   └── GenerationFailed             (no usable answer for one item after a repair request)
     ├── StorageError (also OSError)      storage_error               HTTP 500
+    ├── QueueUnavailableError            queue_unavailable           HTTP 503 (queue mode: Redis unreachable)
     └── HttpError                        (raised by the HTTP service only)
         ├── UnauthorizedError            unauthorized                HTTP 401
         ├── ForbiddenError               forbidden                   HTTP 403
@@ -191,6 +192,13 @@ class StorageError(KindexError, OSError):
     code = "storage_error"
 
 
+class QueueUnavailableError(KindexError):
+    """Queue mode: the Redis that holds the queue and the task records cannot be reached (or lost a task)."""
+
+    code = "queue_unavailable"
+    http_status = 503
+
+
 class HttpError(KindexError):
     """Errors only the HTTP service raises (authentication, routing, body size)."""
 
@@ -223,3 +231,14 @@ class PayloadTooLargeError(HttpError):
 class InternalError(HttpError):
     code = "internal_error"
     http_status = 500
+
+
+def status_of(code: str) -> int:
+    """The HTTP status of an error ``code`` (as a task record stores it), 500 for a code no class carries."""
+    todo: list[type[KindexError]] = [KindexError]
+    while todo:
+        cls = todo.pop()
+        if cls.code == code:
+            return cls.http_status
+        todo.extend(cls.__subclasses__())
+    return 500

@@ -5,6 +5,9 @@ when the index changes on disk), skill searches reuse the skills it read, and wr
 Every method has an ``async`` twin (``acontext``, ``areindex``…) that runs the work on a worker thread, so it can be
 awaited inside a running event loop without blocking it. The module-level functions (``kindex.build_context``,
 ``kindex.search``, ``kindex.find_skills``) are thin wrappers over a small, bounded set of handles.
+
+Long because every operation of the handle has a sync method and an async twin, and :class:`Step` (a generation
+step as a task names it) runs through those same methods.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from kindex import config, generate, skills
 from kindex.errors import KBNotFoundError, NotFoundError, UsageError
@@ -301,6 +304,46 @@ class KnowledgeBase:
         except asyncio.CancelledError:
             cancel.set()  # the thread cannot be interrupted; it stops before its next model call or write
             raise
+
+
+STEPS = ("reindex", "root", "sub", "doc")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One generation step as a request names it: what a task runs, in the server's threads or on a queue worker
+    (where it travels as :meth:`to_dict` and is checked again by :meth:`from_dict`)."""
+
+    name: Literal["reindex", "root", "sub", "doc"]
+    dir: str | None = None
+    path: str | None = None
+    clear_dir: bool = False
+
+    def run(self, kb: KnowledgeBase, options: Options) -> RunReport:
+        """Run the step on ``kb`` with ``options`` (progress, cancel and model as the caller set them)."""
+        if self.name == "reindex":
+            return kb.reindex(options)
+        if self.name == "root":
+            return kb.root(options)
+        assert self.dir is not None  # from_dict and the routes guarantee it
+        if self.name == "sub":
+            return kb.sub(self.dir, options)
+        assert self.path is not None
+        return kb.doc(self.dir, self.path, clear_dir=self.clear_dir, options=options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dir": self.dir, "path": self.path, "clear_dir": self.clear_dir}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Step:
+        """The step a task record names; :class:`UsageError` for anything that is not one."""
+        if not isinstance(data, dict) or data.get("name") not in STEPS:
+            raise UsageError(f"not a generation step: {str(data)[:200]}")
+        name, dir_name, path = data["name"], data.get("dir"), data.get("path")
+        needs_dir, needs_path = name in ("sub", "doc"), name == "doc"
+        if needs_dir != isinstance(dir_name, str) or needs_path != isinstance(path, str):
+            raise UsageError(f"step {name!r} has the wrong arguments: {str(data)[:200]}")
+        return cls(name, dir_name, path, bool(data.get("clear_dir", False)))
 
 
 def check_agent_id(agent_id: str) -> None:

@@ -89,10 +89,22 @@ def import_litellm() -> Any:
     import litellm
 
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-        logging.getLogger(name).setLevel(logging.WARNING)  # its INFO lines would flood a server's log
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING)  # its INFO lines would flood a server's log
+        # Its own plain-text handler would break a service's JSON-lines log: records go to the application's.
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+        logger.addFilter(_not_logging_worker)
     litellm.suppress_debug_info = True
     litellm.drop_params = True
     return litellm
+
+
+def _not_logging_worker(record: logging.LogRecord) -> bool:
+    """Drop litellm's success-callback worker's complaints: that worker is bound to one event loop, and a service
+    runs one loop per step thread (several at once). kindex registers no callbacks, so nothing is lost."""
+    return record.filename != "logging_worker.py"
 
 
 # Retry-After is honoured but capped, so a hostile or confused server cannot park a run for hours.

@@ -6,7 +6,7 @@ response bodies (its OpenAPI document is generated from them). Their fields are 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
@@ -198,3 +198,30 @@ class SyncResult(Result):
     unchanged: tuple[str, ...]
     removed: tuple[str, ...]
     manifest: dict[str, Any]
+
+
+class ErrorBody(Result):
+    """A failure as the HTTP service and a task report it."""
+
+    code: str = Field(description="Stable machine-readable code, e.g. kb_not_found, not_a_theme, busy.")
+    message: str = Field(description="What was wrong and what to do.")
+    task_id: str | None = Field(default=None, description="With `busy`: the task that holds the agent's KB.")
+
+
+TaskState = Literal["queued", "running", "done", "failed", "cancelled"]
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+
+class TaskModel(Result):
+    """A generation step run as a task: in the server's own threads, or on a queue worker (``kindex worker``)."""
+
+    id: str
+    agent_id: str
+    step: str
+    state: TaskState
+    progress: StepProgress
+    report: RunReport | None = None
+    error: ErrorBody | None = None
+    created_at: float
+    finished_at: float | None = None
+    worker: str | None = Field(default=None, description="Queue mode: the worker that runs (or ran) the task.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class FakeLLM:
                     return
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         # A short poll interval: stop() (server.shutdown) waits for the next poll, 0.5 s by default, in every test.
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -182,10 +183,15 @@ class FakeLLM:
         return [r for r in self.requests if is_root(r)]
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-answer (a worker killed by a test) is expected, not worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def main() -> None:
     """Serve well-behaved answers after a fixed latency until killed: ``python -m tests.fakellm LATENCY``."""
-    import sys
-
     latency = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
     server = FakeLLM()
     server.script = lambda r: Reply(well_behaved(r).content, latency=latency)

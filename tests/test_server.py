@@ -83,7 +83,7 @@ def test_tasks_run_in_the_background_and_report_progress(app: FastAPI) -> None:
     r = call(app, "POST", f"{BASE}/reindex", params={"wait": "false"})
     assert r.status_code == 202 and r.headers["location"] == f"/v1/tasks/{r.json()['id']}"
     task_id = r.json()["id"]
-    app.state.tasks.get(task_id).done.wait(60)
+    app.state.tasks.task(task_id).done.wait(60)
 
     done = call(app, "GET", f"/v1/tasks/{task_id}").json()
     assert done["state"] == "done" and done["progress"] == {"completed": 19, "total": 19}
@@ -107,7 +107,7 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
 
     cancelled = call(app, "DELETE", f"/v1/tasks/{task_id}")
     assert cancelled.status_code == 200
-    app.state.tasks.get(task_id).done.wait(60)  # the answers in flight arrive after the cancel
+    app.state.tasks.task(task_id).done.wait(60)  # the answers in flight arrive after the cancel
 
     state = call(app, "GET", f"/v1/tasks/{task_id}").json()
     assert state["state"] == "cancelled" and state["error"]["code"] == "cancelled"

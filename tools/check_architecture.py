@@ -22,7 +22,7 @@ MAX_LINES = 400
 # Bottom to top. A module may import from its own layer and any layer below; never from above.
 LAYERS: list[list[str]] = [
     ["kindex.errors"],
-    ["kindex.tokenize", "kindex.markdown", "kindex.globs", "kindex.templating", "kindex.hosts"],
+    ["kindex.tokenize", "kindex.markdown", "kindex.globs", "kindex.templating", "kindex.hosts", "kindex.jsonlog"],
     ["kindex.records", "kindex.results"],
     [
         "kindex.config",
@@ -38,11 +38,26 @@ LAYERS: list[list[str]] = [
     ["kindex.generate", "kindex.retrieve"],
     ["kindex.skills"],
     ["kindex.kb"],
-    ["kindex.watch"],
+    ["kindex.watch", "kindex.queue"],
     ["kindex.server", "kindex.mcpserver", "kindex.cli", "kindex"],
 ]
 # Optional heavy dependencies may be imported inside a function (litellm, fastapi's server, uvicorn, tqdm).
-LAZY_ALLOWED = {"litellm", "uvicorn", "tqdm", "kindex.server", "kindex.server.app", "kindex.mcpserver"}
+LAZY_ALLOWED = {
+    "litellm",
+    "uvicorn",
+    "tqdm",
+    "kindex.server",
+    "kindex.server.app",
+    "kindex.mcpserver",
+    # Queue mode needs Celery and Redis (extra kindex[queue]): imported only when it is asked for.
+    "kindex.server.queued",
+    "kindex.queue.jobs",
+    "kindex.queue.ratelimit",
+    "kindex.queue.worker",
+}
+# Exceptions that are a framework's protocol, not a failure kindex reports: Celery's Reject hands a message back
+# to the queue.
+PROTOCOL_RAISES = {"Reject"}
 
 
 def module_name(path: Path) -> str:
@@ -199,6 +214,7 @@ def exceptions(trees: dict[str, ast.Module]) -> list[str]:
                     isinstance(raised, type)
                     and issubclass(raised, BaseException)
                     and not issubclass(raised, KindexError)
+                    and raised.__name__ not in PROTOCOL_RAISES
                 ):
                     out.append(f"{name}:{node.lineno}: raises {raised.__name__}, not a KindexError")
     return out

@@ -83,6 +83,7 @@ def main() -> None:
       kindex config KB             the settings in force (flags, KINDEX_*, KB/kindex.toml, defaults)
       kindex watch KB              reindex as documents change
       kindex serve --kb-root DIR   the same over HTTP, one KB per agent
+      kindex worker --kb-root DIR --queue redis://…   run the steps of `serve --queue` replicas
       kindex mcp KB                the KB as an MCP server (stdio; --http for streamable HTTP)
       kindex find SKILLS "query"   one best hit per skill in an Agent Skills library
 
@@ -105,6 +106,7 @@ for _name, _target in {
     "config": "kindex.cli.config:config_cmd",
     "watch": "kindex.cli.watch:watch",
     "serve": "kindex.cli.serve:serve",
+    "worker": "kindex.cli.serve:worker",
     "mcp": "kindex.cli.mcp:mcp_cmd",
     "find": "kindex.cli.skills:find",
     "skills": "kindex.cli.skills:skills_group",

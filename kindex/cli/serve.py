@@ -1,16 +1,19 @@
-"""``kindex serve``: the HTTP service (extra ``kindex[server]``)."""
+"""``kindex serve``: the HTTP service (extra ``kindex[server]``), and ``kindex worker``: the process that runs its
+steps in queue mode (extra ``kindex[queue]``)."""
 
 from __future__ import annotations
 
 import logging.config
 import os
 import socket
+from pathlib import Path
 
 import click
 
 from kindex.cli.index import concurrency_opt
 from kindex.errors import KindexError, UsageError
 from kindex.hosts import loopback
+from kindex.jsonlog import LOG_CONFIG
 
 
 @click.command()
@@ -23,13 +26,25 @@ from kindex.hosts import loopback
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0 picks a free port.")
 @concurrency_opt
-def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
+@click.option(
+    "--queue",
+    envvar="KINDEX_QUEUE",
+    metavar="redis://HOST:PORT/N",
+    help="Queue mode: send every step to `kindex worker` processes over this Redis, where every replica started "
+    "with the same URL reads the tasks (needs kindex[queue]) [env KINDEX_QUEUE].",
+)
+def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: str | None) -> None:
     """Serve the reindex steps, BuildContext and tasks over HTTP (needs kindex[server]).
 
     Routes live under /v1/agents/{agent_id}/knowledge/ (reindex steps, context, index files, watch); OpenAPI
     at /docs. Requests must carry
     `Authorization: Bearer $KINDEX_API_TOKEN`; without that variable the server listens on loopback only.
     The model comes from KINDEX_MODEL / KINDEX_API_BASE (none: the offline extractive generator).
+
+    \b
+    Several replicas behind a load balancer (steps run by workers, tasks in Redis):
+      kindex serve  --kb-root /srv/kb --queue redis://redis:6379/0 --host 0.0.0.0
+      kindex worker --kb-root /srv/kb --queue redis://redis:6379/0
     """
     token = os.environ.get("KINDEX_API_TOKEN") or None
     if token is None and not loopback(host):
@@ -37,15 +52,16 @@ def serve(kb_root: str, host: str, port: int, concurrency: int) -> None:
     try:
         import uvicorn
 
-        from kindex.server import LOG_CONFIG, create_app
+        from kindex.server import create_app
     except ImportError as exc:
         raise KindexError(
             f"the HTTP service needs its extra ({exc.name} is missing): pip install 'kindex[server]'"
         ) from None
     logging.config.dictConfig(LOG_CONFIG)
-    app = create_app(kb_root, token=token, host=host, concurrency=concurrency)
+    app = create_app(kb_root, token=token, host=host, concurrency=concurrency, queue=queue)
     auth = "bearer token required" if token else "no token: loopback only"
-    logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}); OpenAPI at /docs")
+    mode = f"steps queued on {_redacted(queue)}" if queue else "steps run in this process"
+    logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}; {mode}); OpenAPI at /docs")
     _check_port(host, port)
     uvicorn.run(
         app,
@@ -70,3 +86,101 @@ def _check_port(host: str, port: int) -> None:
             raise KindexError(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port, or stop what uses it"
             ) from None
+
+
+def _redacted(url: str) -> str:
+    from kindex.queue.jobs import redact
+
+    return redact(url)
+
+
+@click.command()
+@click.option(
+    "--kb-root",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="The same agents' folder the API replicas serve (shared storage when they run on other machines).",
+)
+@click.option(
+    "--queue",
+    envvar="KINDEX_QUEUE",
+    required=True,
+    metavar="redis://HOST:PORT/N",
+    help="The Redis the replicas were started with (`kindex serve --queue`) [env KINDEX_QUEUE].",
+)
+@concurrency_opt
+@click.option(
+    "--tasks",
+    type=click.IntRange(1, 256),
+    default=2,
+    show_default=True,
+    help="Steps this worker runs at once; each makes up to --concurrency model calls at once.",
+)
+@click.option("--name", help="Worker name in logs, task records and /healthz (default kindex-PID@HOST).")
+@click.option(
+    "--rate-limit",
+    "rate_limits",
+    multiple=True,
+    envvar="KINDEX_RATE_LIMITS",
+    metavar="MODEL=RPM[,TPM]",
+    help="Requests (and tokens) per minute for a model, kept by all workers together in Redis; `*` for any "
+    "model; repeatable [env KINDEX_RATE_LIMITS, space-separated].",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=2, max=3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds a dead worker's hold on a KB outlives it (renewed every third of it while the step runs).",
+)
+@click.option(
+    "--redeliver-after",
+    type=click.FloatRange(min=2, max=86400),
+    default=120.0,
+    show_default=True,
+    help="Seconds after delivery before a step whose worker died goes to another worker.",
+)
+def worker(
+    kb_root: str,
+    queue: str,
+    concurrency: int | None,
+    tasks: int,
+    name: str | None,
+    rate_limits: tuple[str, ...],
+    lease: float,
+    redeliver_after: float,
+) -> None:
+    """Run the steps that `kindex serve --queue` replicas queue (needs kindex[queue]).
+
+    Each step takes its agent's KB for itself through a lease in Redis (renewed while it runs), so one KB has one
+    writer across every machine. A worker killed mid-step leaves its step to another worker, which pays only for
+    the model answers not yet cached in the KB. SIGTERM hands the running steps back to the queue at once.
+    Logs are JSON lines on stderr. The model comes from KINDEX_MODEL / KINDEX_API_BASE and each agent's
+    kindex.toml, as for `kindex serve`.
+
+    \b
+    Example, two workers sharing one provider limit of 500 requests and 200,000 tokens a minute:
+      kindex worker --kb-root /srv/kb --queue redis://redis:6379/0 --rate-limit openai/gpt-4o-mini=500,200000
+    """
+    try:
+        from kindex.queue.ratelimit import parse_limits
+        from kindex.queue.worker import WorkerConfig, run_worker
+    except ImportError as exc:
+        raise KindexError(f"the worker needs its extra ({exc.name} is missing): pip install 'kindex[queue]'") from None
+    from kindex.queue.jobs import JobStore
+
+    logging.config.dictConfig(LOG_CONFIG)
+    logging.captureWarnings(True)  # Celery's warning about running as root would be a plain-text line
+    specs = [part for spec in rate_limits for part in spec.split()]
+    config = WorkerConfig(
+        kb_root=Path(kb_root).resolve(),
+        queue=queue,
+        tasks=tasks,
+        flags={"concurrency": concurrency} if concurrency is not None else {},
+        limits=parse_limits(specs),
+        lease=lease,
+        redeliver_after=redeliver_after,
+        **({"name": name} if name else {}),
+    )
+    JobStore.from_url(queue)  # a URL that is not Redis's fails here, with exit 2
+    click.get_current_context().exit(run_worker(config))

@@ -9,7 +9,7 @@ Modules: :mod:`~kindex.server.app` (``create_app``), :mod:`~kindex.server.routes
 bodies), :mod:`~kindex.server.errors` (error answers, body limit), :mod:`~kindex.server.logs` (JSON lines).
 """
 
+from kindex.jsonlog import LOG_CONFIG, JsonLines
 from kindex.server.app import create_app
-from kindex.server.logs import LOG_CONFIG, JsonLines
 
 __all__ = ["LOG_CONFIG", "JsonLines", "create_app"]

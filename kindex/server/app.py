@@ -20,7 +20,7 @@ from kindex.server import routes
 from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
 from kindex.server.schemas import ErrorResponse
 from kindex.server.state import ServerState
-from kindex.server.tasks import DEFAULT_TASK_WORKERS, Tasks
+from kindex.server.tasks import DEFAULT_TASK_WORKERS, TaskEngine, Tasks
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": desc}
@@ -33,6 +33,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "Request body too large."),
         (422, "Invalid request (`invalid_request`)."),
         (502, "The model could not be used (`model_error`)."),
+        (503, "Queue mode: the queue's Redis cannot be reached (`queue_unavailable`)."),
     )
 }
 
@@ -46,6 +47,7 @@ def create_app(
     client: LLMClient | None = None,
     concurrency: int | None = None,
     task_workers: int = DEFAULT_TASK_WORKERS,
+    queue: str | None = None,
 ) -> FastAPI:
     """The FastAPI application serving the KBs under ``kb_root`` (``<kb_root>/<agent_id>/``).
 
@@ -54,20 +56,35 @@ def create_app(
     names another host, whatever server runs it. ``llm`` and ``concurrency``, when given, win over every agent's
     own settings (environment, ``kindex.toml``); ``client`` replaces the litellm adapter for every step (an
     in-process model, a test double), as ``Options.client`` does for the library.
+
+    ``queue`` (a ``redis://`` URL, extra ``kindex[queue]``) sends every step to ``kindex worker`` processes and keeps
+    the tasks in that Redis, so any replica started with the same URL answers for any task; without it the steps
+    run in this process (``task_workers`` at once).
     """
     if token is None and not loopback(host):
         raise UsageError(f"refusing to serve on {host} without an API token: set a token, or bind to 127.0.0.1")
     if token is not None and not token.strip():
         raise UsageError("the API token is empty: set a real token, or none to serve this machine only")
     root = Path(kb_root).resolve()
-    tasks = Tasks(task_workers)
+    tasks: TaskEngine
+    if queue is None:
+        tasks = Tasks(task_workers)
+    else:
+        if client is not None:
+            raise UsageError("a model client object cannot travel to queue workers: configure the workers' model")
+        try:
+            from kindex.server.queued import QueuedTasks
+        except ImportError as exc:
+            need = f"queue mode needs its extra ({exc.name} is missing)"
+            raise UsageError(f"{need}: pip install 'kindex[queue]'") from None
+        tasks = QueuedTasks(queue)
     # Each agent's settings: these flags > the environment > the agent's kindex.toml > defaults.
     flags: dict[str, Any] = {k: v for k, v in asdict(llm).items() if v is not None} if llm is not None else {}
     if concurrency is not None:
         flags["concurrency"] = concurrency
     Settings.resolved(None, flags)  # a bad flag fails here, not on the first request
 
-    state = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client)
+    state = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client, queued=queue is not None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,11 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError
-from kindex.generate import Options
-from kindex.kb import KnowledgeBase, check_agent_id
+from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError, status_of
+from kindex.kb import KnowledgeBase, Step, check_agent_id
 from kindex.records import INDEX_FILE, Index
-from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit
+from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit, TaskModel
 from kindex.scan import scan
-from kindex.server.errors import error_response
 from kindex.server.schemas import (
     ContextRequest,
     DocRequest,
@@ -27,7 +24,6 @@ from kindex.server.schemas import (
     HealthModel,
     SubRequest,
     SyncRequest,
-    TaskModel,
     WatchModel,
     WatchUpdateModel,
 )
@@ -44,19 +40,17 @@ tasks_router = APIRouter(prefix="/v1/tasks", dependencies=[Depends(authorize)])
 health = APIRouter()
 
 
-async def _run_step(
-    state: ServerState, agent_id: str, step: str, wait: bool, body: Callable[[KnowledgeBase, Options], RunReport]
-) -> Response:
+async def _run_step(state: ServerState, agent_id: str, step: Step, wait: bool) -> Response:
     kb = state.handle(agent_id)
-    # One stat of kindex.toml (the file, at most 64 KiB, is parsed only when it changed): cheap enough for the loop,
-    # and no thread is taken from the pool other requests need.
-    task = state.tasks.start(agent_id, step, lambda opts: body(kb, opts), kb.settings.generation)
+    task = await state.tasks.submit(agent_id, step, kb)
     if not wait:
-        model = task.to_model().model_dump_json()
-        return Response(model, status_code=202, media_type=_JSON, headers={"Location": f"/v1/tasks/{task.id}"})
-    await task.wait()
+        return Response(
+            task.model_dump_json(), status_code=202, media_type=_JSON, headers={"Location": f"/v1/tasks/{task.id}"}
+        )
+    task = await state.tasks.wait(task.id)
     if task.error is not None:
-        return error_response(task.error)
+        body = {"error": task.error.model_dump(exclude_none=True)}
+        return JSONResponse(body, status_code=status_of(task.error.code))
     assert task.report is not None
     return Response(task.report.model_dump_json(), media_type=_JSON)
 
@@ -68,7 +62,7 @@ def preview(agent_id: str, request: Request) -> Any:
 
 @knowledge.post("/reindex/root", responses=_STEP_RESPONSES, summary="Write the root index.json")
 async def reindex_root(agent_id: str, request: Request, wait: bool = _WAIT) -> Response:
-    return await _run_step(server_state(request), agent_id, "root", wait, lambda kb, o: kb.root(o))
+    return await _run_step(server_state(request), agent_id, Step("root"), wait)
 
 
 @knowledge.post("/reindex/sub", responses=_STEP_RESPONSES, summary="Write one theme's index.json")
@@ -77,7 +71,7 @@ async def reindex_sub(agent_id: str, body: SubRequest, request: Request, wait: b
     kb = agent_kb(state, agent_id)
     # A scan of a large KB takes a while: off the event loop, so context requests are not held up.
     await asyncio.to_thread(lambda: scan(kb).theme_docs(body.dir))
-    return await _run_step(state, agent_id, "sub", wait, lambda h, o: h.sub(body.dir, o))
+    return await _run_step(state, agent_id, Step("sub", body.dir), wait)
 
 
 @knowledge.post("/reindex/sub/doc", responses=_STEP_RESPONSES, summary="Merge one document's entry")
@@ -85,14 +79,12 @@ async def reindex_doc(agent_id: str, body: DocRequest, request: Request, wait: b
     state = server_state(request)
     kb = agent_kb(state, agent_id)
     await asyncio.to_thread(lambda: scan(kb).theme_doc(body.dir, body.path))
-    return await _run_step(
-        state, agent_id, "doc", wait, lambda h, o: h.doc(body.dir, body.path, clear_dir=body.clear_dir, options=o)
-    )
+    return await _run_step(state, agent_id, Step("doc", body.dir, body.path, body.clear_dir), wait)
 
 
 @knowledge.post("/reindex", responses=_STEP_RESPONSES, summary="The whole pipeline")
 async def reindex(agent_id: str, request: Request, wait: bool = _WAIT) -> Response:
-    return await _run_step(server_state(request), agent_id, "reindex", wait, lambda kb, o: kb.reindex(o))
+    return await _run_step(server_state(request), agent_id, Step("reindex"), wait)
 
 
 @knowledge.post("/context", response_model=Context, summary="BuildContext for one chat message")
@@ -240,17 +232,23 @@ def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response
 
 
 @tasks_router.get("/{task_id}", response_model=TaskModel, summary="A task's state, progress and report")
-def get_task(task_id: str, request: Request) -> Any:
-    return server_state(request).tasks.get(task_id).to_model()
+async def get_task(task_id: str, request: Request) -> Response:
+    task = await server_state(request).tasks.get(task_id)
+    return Response(task.model_dump_json(), media_type=_JSON)
 
 
 @tasks_router.delete("/{task_id}", response_model=TaskModel, summary="Cancel a task")
-def cancel_task(task_id: str, request: Request) -> Any:
-    task = server_state(request).tasks.get(task_id)
-    task.cancel.set()
-    return task.to_model()
+async def cancel_task(task_id: str, request: Request) -> Response:
+    task = await server_state(request).tasks.cancel(task_id)
+    return Response(task.model_dump_json(), media_type=_JSON)
 
 
-@health.get("/healthz", response_model=HealthModel, summary="Liveness (no token needed)")
-def healthz(request: Request) -> Any:
-    return JSONResponse({"status": "ok", "running_tasks": server_state(request).tasks.running()})
+@health.get(
+    "/healthz",
+    response_model=HealthModel,
+    responses={503: {"model": HealthModel, "description": "Queue mode: the queue's Redis cannot be reached."}},
+    summary="Liveness, and in queue mode the queue's reachability (no token needed)",
+)
+async def healthz(request: Request) -> JSONResponse:
+    body = await server_state(request).tasks.health()
+    return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)

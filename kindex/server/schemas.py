@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
-from kindex.results import RunReport, StepProgress
+from kindex.results import ErrorBody
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
@@ -20,26 +20,8 @@ from kindex.retrieve import (
 _BODY = ConfigDict(frozen=True)
 
 
-class ErrorBody(BaseModel):
-    code: str = Field(description="Stable machine-readable code, e.g. kb_not_found, not_a_theme, busy.")
-    message: str = Field(description="What was wrong and what to do.")
-    task_id: str | None = Field(default=None, description="With `busy`: the task that holds the agent's KB.")
-
-
 class ErrorResponse(BaseModel):
     error: ErrorBody
-
-
-class TaskModel(BaseModel):
-    id: str
-    agent_id: str
-    step: str
-    state: Literal["queued", "running", "done", "failed", "cancelled"]
-    progress: StepProgress
-    report: RunReport | None = None
-    error: ErrorBody | None = None
-    created_at: float
-    finished_at: float | None = None
 
 
 class SubRequest(BaseModel):
@@ -101,9 +83,18 @@ class SyncRequest(BaseModel):
     )
 
 
+class QueueHealth(BaseModel):
+    url: str = Field(description="The queue's Redis, without its password.")
+    reachable: bool
+    workers: list[str] = Field(default=[], description="Workers heard from in the last 30 seconds.")
+    queued: int = Field(default=0, description="Steps waiting for a worker.")
+    error: str | None = None
+
+
 class HealthModel(BaseModel):
-    status: Literal["ok"]
-    running_tasks: int
+    status: Literal["ok", "unavailable"]
+    running_tasks: int = Field(description="Tasks queued or running (in queue mode: across every replica).")
+    queue: QueueHealth | None = Field(default=None, description="Queue mode only.")
 
 
 class WatchUpdateModel(BaseModel):

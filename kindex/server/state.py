@@ -12,12 +12,12 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from kindex.errors import ForbiddenError, UnauthorizedError
+from kindex.errors import ForbiddenError, UnauthorizedError, UsageError
 from kindex.hosts import loopback
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
-from kindex.server.tasks import Tasks
+from kindex.server.tasks import TaskEngine
 from kindex.watch import Update, Watcher
 
 MAX_LOADED_AGENTS = 64
@@ -30,10 +30,12 @@ class ServerState:
 
     root: Path
     token: str | None
-    tasks: Tasks
+    tasks: TaskEngine
     flags: dict[str, Any] = field(default_factory=dict)
     """Settings the server was started with; they win over each agent's environment and ``kindex.toml``."""
     client: LLMClient | None = None
+    queued: bool = False
+    """Steps run on queue workers (``kindex serve --queue``), not in this process."""
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
     _handles: Handles | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -49,6 +51,12 @@ class ServerState:
     def watch(self, agent_id: str) -> AgentWatch:
         """Start watching the agent's folder (a no-op when it is watched already); a broken ``kindex.toml`` is
         refused here, not found later by the watcher."""
+        if self.queued:
+            # A watcher writes from this replica, outside the queue's one-writer lease.
+            raise UsageError(
+                "in queue mode the service does not watch folders: POST …/reindex/sub/doc for each changed "
+                "document, or run `kindex watch` on the machine that holds the folder when no worker writes it"
+            )
         kb = self.handle(agent_id)
         scan(kb.path)  # reads kindex.toml (its exclude): InvalidFileError answers 422 at once
         with self._lock:

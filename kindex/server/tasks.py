@@ -1,4 +1,12 @@
-"""Tasks: generation steps running in the server's own bounded pool of worker threads, one writer per agent."""
+"""Tasks: the generation steps the routes start, behind one interface with two engines.
+
+- :class:`Tasks` (the default): steps run in the server's own bounded pool of threads; their state lives in this
+  process.
+- :class:`kindex.server.queued.QueuedTasks` (``kindex serve --queue``): steps go to Celery workers over Redis, and
+  their state lives in Redis, where every replica reads it.
+
+Both keep one writer per agent (a second step is refused with 409 ``busy``, naming the task that holds it).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +15,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from kindex.errors import BusyError, CancelledRun, InternalError, KindexError, TaskNotFoundError
-from kindex.generate import Options, Progress
-from kindex.results import RunReport, StepProgress
+from kindex.generate import Progress
+from kindex.kb import KnowledgeBase, Step
+from kindex.results import ErrorBody, RunReport, StepProgress, TaskModel
 from kindex.server.errors import error_fields
-from kindex.server.schemas import ErrorBody, TaskModel
 
 DEFAULT_TASK_WORKERS = 8
 """Generation steps that run at once in one server; more wait queued (each runs its own model calls concurrently)."""
@@ -23,9 +31,33 @@ TASKS_KEPT = 1000
 log = logging.getLogger("kindex.server")
 
 
+class TaskEngine(Protocol):
+    """What the routes need of tasks, whichever engine runs them."""
+
+    async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
+        """Start (or queue) ``step`` on the agent's KB; :class:`BusyError` while another step holds it."""
+        ...
+
+    async def get(self, task_id: str) -> TaskModel: ...
+
+    async def wait(self, task_id: str) -> TaskModel:
+        """The task once it has ended (done, failed or cancelled)."""
+        ...
+
+    async def cancel(self, task_id: str) -> TaskModel:
+        """Stop the task: nothing is written after its answer says ``cancelled``."""
+        ...
+
+    async def health(self) -> dict[str, Any]:
+        """The ``/healthz`` body; its ``status`` is ``ok`` when the engine can take steps."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
 @dataclass
 class Task:
-    """One generation step running (or run) in a worker thread."""
+    """One generation step running (or run) in a thread of this server."""
 
     id: str
     agent_id: str
@@ -73,7 +105,7 @@ class Task:
 
 
 class Tasks:
-    """The server's tasks: at most one writer task per agent (a second one is refused with 409 ``busy``)."""
+    """The embedded engine: steps in this process's bounded thread pool, at most one per agent."""
 
     def __init__(self, workers: int = DEFAULT_TASK_WORKERS) -> None:
         self._tasks: dict[str, Task] = {}
@@ -83,34 +115,33 @@ class Tasks:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kindex-task")
         self._lock = threading.Lock()
 
-    def start(
-        self,
-        agent_id: str,
-        step: str,
-        body: Callable[[Options], RunReport],
-        options: Options,
-    ) -> Task:
+    async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
+        return self.start(agent_id, step, kb).to_model()
+
+    def start(self, agent_id: str, step: Step, kb: KnowledgeBase) -> Task:
+        """Start ``step`` in the pool (it reads the KB's settings as they are now); the task, to follow it."""
         with self._lock:
             holder = self._running.get(agent_id)
             if holder is not None:
                 raise BusyError(f"agent {agent_id!r} is being reindexed by task {holder}", task_id=holder)
-            task = Task(uuid.uuid4().hex, agent_id, step)
+            task = Task(uuid.uuid4().hex, agent_id, step.name)
             self._tasks[task.id] = task
             self._running[agent_id] = task.id
             self._forget_old()
-        # The server's options as they are, with this task's progress and cancel: one way to build Options.
-        opts = replace(options, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
-        self._pool.submit(self._run, task, body, opts)
+        # One stat of kindex.toml (parsed only when it changed): cheap enough for the event loop.
+        options = replace(kb.settings.generation, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
+        self._pool.submit(self._run, task, lambda: step.run(kb, options))
         return task
 
     @staticmethod
     def _progress(task: Task, p: Progress) -> None:
         task.completed, task.total = p.completed, p.total
 
-    def _run(self, task: Task, body: Callable[[Options], RunReport], opts: Options) -> None:
+    def _run(self, task: Task, body: Any) -> None:
         task.state = "running"
         try:
-            task.report = body(opts)
+            task.report = body()
+            assert task.report is not None
             task.completed, task.total = task.report.completed, task.report.total
             task.state = "done"
         except KindexError as exc:
@@ -127,14 +158,27 @@ class Tasks:
                     del self._running[task.agent_id]
             task.finish()
 
-    def get(self, task_id: str) -> Task:
+    def task(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
         if task is None:
-            raise TaskNotFoundError(f"no task {task_id!r} (tasks are kept until the server restarts)")
+            raise TaskNotFoundError(f"no task {task_id[:64]!r} (tasks are kept until the server restarts)")
         return task
 
-    def running(self) -> int:
-        return len(self._running)
+    async def get(self, task_id: str) -> TaskModel:
+        return self.task(task_id).to_model()
+
+    async def wait(self, task_id: str) -> TaskModel:
+        task = self.task(task_id)
+        await task.wait()
+        return task.to_model()
+
+    async def cancel(self, task_id: str) -> TaskModel:
+        task = self.task(task_id)
+        task.cancel.set()
+        return task.to_model()
+
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "running_tasks": len(self._running)}
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""

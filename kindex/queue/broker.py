@@ -1,0 +1,49 @@
+"""The Celery application of queue mode: Redis as broker, messages acknowledged only after the step ends.
+
+Settings measured in ``docs/research/queue-mode-celery-redis.md``:
+- ``task_acks_late`` with ``prefetch 1``: a worker killed mid-step leaves its message unacknowledged, and Redis
+  hands it to another worker once ``visibility_timeout`` has passed since delivery;
+- kombu looks for such messages only every ``unacked_restore_interval`` × ``unacked_restore_throttle`` seconds
+  (100 s by default); 5 × 1 here, so a dead worker's step restarts within the visibility timeout plus 5 s;
+- a step longer than the visibility timeout is delivered a second time while it runs: the lease
+  (:mod:`kindex.queue.jobs`) makes that copy wait its turn instead of running beside the first.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+QUEUE = "kindex"
+TASK = "kindex.step"
+DEFAULT_REDELIVER_AFTER = 120.0
+"""Seconds before an unacknowledged step (its worker died) is delivered to another worker."""
+
+
+def make_app(url: str, *, redeliver_after: float = DEFAULT_REDELIVER_AFTER) -> Celery:
+    """The Celery app on the Redis at ``url``; the API replicas publish with it, the workers consume."""
+    app = Celery("kindex", broker=url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,  # task records are kindex's own (jobs.py), readable from any replica
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        # A step keeps running through a broker reconnect: its lease and fenced writes keep it the only writer.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_transport_options={
+            "visibility_timeout": redeliver_after,
+            "unacked_restore_interval": min(5.0, redeliver_after / 2),
+            "unacked_restore_throttle": 1,
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 25,
+        },
+        # A publish during a Redis outage fails after about a second instead of hanging the request.
+        task_publish_retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.2},
+    )
+    return app

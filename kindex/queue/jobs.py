@@ -1,0 +1,333 @@
+"""Task records, the one-writer-per-KB lease and cancel flags, in Redis, where every API replica and worker sees them.
+
+Keys (prefix ``kindex:``)::
+
+    task:{id}     hash: the task record (agent, step, state, progress, report, error, worker); kept RECORD_TTL
+                  seconds once finished
+    busy:{agent}  the task that holds the agent's KB from submission to its end: a second submission gets 409
+    lease:{agent} ``{task_id}:{token}`` with a TTL: the worker running the agent's step, renewed while it runs,
+                  lapsed when the worker dies; only its holder may write the task's record (fenced writes)
+    cancel:{id}   set by DELETE /v1/tasks/{id}; the worker polls it and stops before its next write
+    active        set of the ids of tasks not finished (for /healthz)
+    workers       hash: worker name -> when it last said it was alive
+
+Every change that reads before it writes is one Lua script, so two replicas or two workers cannot interleave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import orjson
+import redis
+import redis.exceptions
+
+from kindex.errors import BusyError, KindexError, QueueUnavailableError, TaskNotFoundError, UsageError
+from kindex.kb import Step
+from kindex.results import TERMINAL_STATES, ErrorBody, RunReport, StepProgress, TaskModel
+
+T = TypeVar("T")
+
+PREFIX = "kindex"
+RECORD_TTL = 7 * 86400
+"""Seconds a finished task stays readable."""
+WORKER_SEEN_WITHIN = 30.0
+"""A worker that said nothing for this long is not counted as alive by /healthz."""
+SOCKET_TIMEOUT = 5.0
+"""A Redis that accepts connections but does not answer fails a request after this long, not never."""
+
+_CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder then
+  local st = redis.call('HGET', ARGV[2] .. ':task:' .. holder, 'state')
+  if st == 'queued' or st == 'running' then return holder end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('SADD', KEYS[3], ARGV[1])
+return false
+"""
+# A write by the lease holder only, never over a finished record; the final one also frees the agent.
+_FENCED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local st = redis.call('HGET', KEYS[2], 'state')
+if st == 'done' or st == 'failed' or st == 'cancelled' then return -1 end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+if ARGV[2] == '1' then
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
+  redis.call('SREM', KEYS[4], ARGV[4])
+  redis.call('DEL', KEYS[5])
+end
+return 1
+"""
+# 0 unknown task, 1 finished already, 2 flagged (its worker stops it), 3 cancelled here (nobody was running it).
+_CANCEL = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 0 end
+if st == 'done' or st == 'failed' or st == 'cancelled' then return 1 end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[3])
+local holder = redis.call('GET', KEYS[3])
+if holder and string.sub(holder, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then return 2 end
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[2], 'error', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+if redis.call('GET', KEYS[4]) == ARGV[1] then redis.call('DEL', KEYS[4]) end
+redis.call('SREM', KEYS[5], ARGV[1])
+return 3
+"""
+# 1 renewed, 2 re-taken (the key was gone: lapsed during a stall, or Redis restarted empty), 0 someone else's now.
+_RENEW = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0
+"""
+# A task that never reached the queue: failed, and its agent freed (only while nobody took it up).
+_FAIL = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+redis.call('SREM', KEYS[3], ARGV[1])
+return 1
+"""
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+@contextmanager
+def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
+    """Redis unreachable (refused, timed out, gone mid-answer) as :class:`QueueUnavailableError`."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise QueueUnavailableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and /healthz."""
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, _ = head.partition("://")
+    return f"{scheme}://***@{tail}"
+
+
+class JobStore:
+    """The task records of queue mode (module docstring), over one Redis connection pool."""
+
+    def __init__(self, client: redis.Redis, prefix: str = PREFIX) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self._claim = client.register_script(_CLAIM)
+        self._fenced = client.register_script(_FENCED)
+        self._cancel = client.register_script(_CANCEL)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._fail = client.register_script(_FAIL)
+
+    @classmethod
+    def from_url(cls, url: str) -> JobStore:
+        """A store on the Redis at ``url`` (``redis://HOST:PORT/N``); :class:`UsageError` for another scheme."""
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise UsageError(f"the queue must be a Redis URL (redis://HOST:PORT/N), got {redact(url)!r}")
+        client = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
+            health_check_interval=30,
+        )
+        return cls(client)
+
+    def key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{name}"
+
+    # -- the API's side -----------------------------------------------------------------------------------------
+
+    def create(self, agent_id: str, step: Step) -> TaskModel:
+        """A queued task for ``step`` on the agent's KB; :class:`BusyError` naming the task that holds it."""
+        task_id = uuid.uuid4().hex
+        now = time.time()
+        fields = {
+            "id": task_id,
+            "agent_id": agent_id,
+            "step": step.name,
+            "params": orjson.dumps(step.to_dict()).decode(),
+            "state": "queued",
+            "completed": 0,
+            "total": 0,
+            "created_at": repr(now),
+        }
+        with reaching():
+            holder = self._claim(
+                keys=[self.key("busy", agent_id), self.key("task", task_id), self.key("set", "active")],
+                args=[task_id, self.prefix, *_flat(fields)],
+            )
+        if holder is not None:
+            raise BusyError(f"agent {agent_id!r} is being reindexed by task {holder}", task_id=str(holder))
+        return self.get(task_id)
+
+    def record(self, task_id: str) -> dict[str, str] | None:
+        """The raw record, ``None`` when there is none."""
+        with reaching():
+            rec: dict[str, str] = self.redis.hgetall(self.key("task", task_id))  # type: ignore[assignment]
+        return rec or None
+
+    def get(self, task_id: str) -> TaskModel:
+        """The task; :class:`TaskNotFoundError` when Redis has no record of it."""
+        rec = self.record(task_id) if len(task_id) <= 64 else None
+        if rec is None or "agent_id" not in rec:
+            raise TaskNotFoundError(
+                f"no task {task_id[:64]!r}: finished tasks are kept {RECORD_TTL // 86400} days; a Redis restarted "
+                "without persistence forgets the tasks it held (submit the step again)"
+            )
+        return to_model(rec)
+
+    def cancel(self, task_id: str) -> TaskModel:
+        """Ask the task to stop: a queued task (or one whose worker died) is cancelled at once, a running one stops
+        before its next write (its worker polls the flag)."""
+        rec = self.get(task_id)
+        error = {"code": "cancelled", "message": "the task was cancelled before it ran"}
+        with reaching():
+            self._cancel(
+                keys=[
+                    self.key("task", task_id),
+                    self.key("cancel", task_id),
+                    self.key("lease", rec.agent_id),
+                    self.key("busy", rec.agent_id),
+                    self.key("set", "active"),
+                ],
+                args=[task_id, repr(time.time()), RECORD_TTL, orjson.dumps(error).decode()],
+            )
+        return self.get(task_id)
+
+    def fail(self, task_id: str, agent_id: str, error: KindexError) -> None:
+        """Mark a task that could not be queued as failed and free its agent (best effort: Redis may be down)."""
+        keys = [self.key("task", task_id), self.key("busy", agent_id), self.key("set", "active")]
+        # The record stays queued; DELETE /v1/tasks/{id} frees the agent.
+        with contextlib.suppress(redis.exceptions.RedisError):
+            self._fail(keys=keys, args=[task_id, RECORD_TTL, *_flat(finished(error_body(error)))])
+
+    def active(self) -> int:
+        with reaching():
+            return int(self.redis.scard(self.key("set", "active")))
+
+    def cancel_requested(self, task_id: str) -> bool:
+        return bool(self.redis.exists(self.key("cancel", task_id)))
+
+    # -- workers ------------------------------------------------------------------------------------------------
+
+    def worker_alive(self, name: str) -> None:
+        self.redis.hset(self.key("set", "workers"), name, repr(time.time()))
+
+    def worker_gone(self, name: str) -> None:
+        self.redis.hdel(self.key("set", "workers"), name)
+
+    def workers(self) -> list[str]:
+        """Workers heard from within :data:`WORKER_SEEN_WITHIN` seconds."""
+        with reaching():
+            seen: dict[str, str] = self.redis.hgetall(self.key("set", "workers"))  # type: ignore[assignment]
+        now = time.time()
+        return sorted(name for name, at in seen.items() if now - float(at) < WORKER_SEEN_WITHIN)
+
+
+class Lease:
+    """The agent's writer lease, held by the worker running one task: ``acquire`` it, ``renew`` it well within
+    ``ttl`` seconds, write the task's record through it (fenced: a worker that lost the lease cannot), ``release``.
+    """
+
+    def __init__(self, store: JobStore, agent_id: str, task_id: str, ttl: float) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.key = store.key("lease", agent_id)
+        self.busy_key = store.key("busy", agent_id)
+        self.ttl_ms = max(1000, int(ttl * 1000))
+        self.token = f"{task_id}:{uuid.uuid4().hex}"
+        self.lost = threading.Event()
+        """Set once another holder took the lease: stop, and write nothing more."""
+
+    def acquire(self) -> bool:
+        return bool(self.store.redis.set(self.key, self.token, nx=True, px=self.ttl_ms))
+
+    def holder(self) -> str | None:
+        value = self.store.redis.get(self.key)
+        return None if value is None else str(value).partition(":")[0]
+
+    def renew(self) -> bool:
+        """Extend the lease (or take it back when it vanished); ``False`` and :attr:`lost` once another holds it."""
+        if self._renew() == 0:
+            self.lost.set()
+        return not self.lost.is_set()
+
+    def _renew(self) -> int:
+        return int(self.store._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
+
+    def write(self, fields: Mapping[str, Any], *, terminal: bool = False) -> bool:
+        """Write fields of the task's record if this lease is still ours; ``terminal`` also frees the agent."""
+        s = self.store
+        keys = [self.key, s.key("task", self.task_id), self.busy_key, s.key("set", "active")]
+        args = [self.token, "1" if terminal else "0", RECORD_TTL, self.task_id, *_flat(fields)]
+        result = s._fenced(keys=[*keys, s.key("cancel", self.task_id)], args=args)
+        if result == 0 and self.renew():  # the key was gone (Redis restarted empty) and is ours again
+            result = s._fenced(keys=[*keys, s.key("cancel", self.task_id)], args=args)
+        return bool(result == 1)
+
+    def release(self) -> None:
+        self.store._release(keys=[self.key], args=[self.token])
+
+
+def finished(error: ErrorBody | None = None, state: str | None = None, **more: Any) -> dict[str, Any]:
+    """The fields of a finished record: its end state (``failed`` with an error unless told), when, and ``more``."""
+    end = state or ("failed" if error is not None else "done")
+    fields: dict[str, Any] = {"state": end, "finished_at": repr(time.time()), **more}
+    if error is not None:
+        fields["error"] = error.model_dump_json(exclude_none=True)
+    return fields
+
+
+def error_body(error: KindexError) -> ErrorBody:
+    return ErrorBody(code=error.code, message=error.message[:2000])
+
+
+def to_model(rec: Mapping[str, str]) -> TaskModel:
+    """The task as the API shows it, from its record (fields Redis lost after a restart read as unknown)."""
+
+    def num(name: str, kind: Callable[[str], T], default: T) -> T:
+        try:
+            return kind(rec[name])
+        except (KeyError, ValueError):
+            return default
+
+    report = RunReport.model_validate_json(rec["report"]) if rec.get("report") else None
+    error = ErrorBody.model_validate_json(rec["error"]) if rec.get("error") else None
+    state = rec.get("state", "running")
+    return TaskModel(
+        id=rec.get("id", ""),
+        agent_id=rec.get("agent_id", ""),
+        step=rec.get("step", ""),
+        state=state if state in (*TERMINAL_STATES, "queued", "running") else "running",  # type: ignore[arg-type]
+        progress=StepProgress(completed=num("completed", int, 0), total=num("total", int, 0)),
+        report=report,
+        error=error,
+        created_at=num("created_at", float, 0.0),
+        finished_at=num("finished_at", float, 0.0) or None,
+        worker=rec.get("worker"),
+    )
+
+
+def step_of(rec: Mapping[str, str]) -> Step:
+    """The step a record asks for (checked: a record is input from the network)."""
+    try:
+        return Step.from_dict(orjson.loads(rec.get("params", "null")))
+    except orjson.JSONDecodeError:
+        raise UsageError(f"task {rec.get('id')!r} names no valid step") from None
+
+
+def _flat(fields: Mapping[str, Any]) -> list[Any]:
+    return [x for kv in fields.items() for x in kv]

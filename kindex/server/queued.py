@@ -1,0 +1,98 @@
+"""The queue engine of the tasks (``kindex serve --queue``): steps go to Celery workers, records live in Redis.
+
+Every call that touches Redis runs on a thread (a Redis that stalls must not stall the event loop); a request
+waiting for its step polls the record, so it can be answered by any replica, whichever worker runs the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kombu.exceptions
+import redis.exceptions
+
+from kindex.errors import QueueUnavailableError, TaskNotFoundError
+from kindex.kb import KnowledgeBase, Step
+from kindex.queue.broker import QUEUE, TASK, make_app
+from kindex.queue.jobs import JobStore, reaching, redact
+from kindex.results import TERMINAL_STATES, TaskModel
+
+log = logging.getLogger("kindex.server")
+
+POLL_FIRST, POLL_MAX = 0.05, 0.5
+"""A waiting request looks at its task's record this often (backing off from the first to the max, in s)."""
+CANCEL_WAIT = 5.0
+"""DELETE waits this long for the worker to confirm that it stopped, so its answer usually says ``cancelled``."""
+
+
+class QueuedTasks:
+    """Tasks on a Redis queue (:mod:`kindex.queue`), the same for every replica started with the same URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.store = JobStore.from_url(url)
+        self.celery = make_app(url)
+
+    async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
+        task = await asyncio.to_thread(self.store.create, agent_id, step)
+        try:
+            await asyncio.to_thread(self._publish, task.id)
+        except QueueUnavailableError as exc:
+            await asyncio.to_thread(self.store.fail, task.id, agent_id, exc)
+            raise
+        return task
+
+    def _publish(self, task_id: str) -> None:
+        try:
+            self.celery.send_task(TASK, args=[task_id], task_id=task_id, queue=QUEUE)
+        except (kombu.exceptions.OperationalError, redis.exceptions.RedisError) as exc:
+            raise QueueUnavailableError(f"the step could not be queued ({exc}); check the queue's Redis") from None
+
+    async def get(self, task_id: str) -> TaskModel:
+        return await asyncio.to_thread(self.store.get, task_id)
+
+    async def wait(self, task_id: str) -> TaskModel:
+        delay = POLL_FIRST
+        while True:
+            try:
+                task = await asyncio.to_thread(self.store.get, task_id)
+            except TaskNotFoundError:
+                raise QueueUnavailableError(
+                    f"task {task_id} vanished from the queue's Redis while it was awaited (a restart without "
+                    "persistence?): submit the step again"
+                ) from None
+            except QueueUnavailableError:
+                task = None  # Redis is restarting: the worker goes on, and so does this wait
+            if task is not None and task.state in TERMINAL_STATES:
+                return task
+            await asyncio.sleep(delay)
+            delay = min(POLL_MAX, delay * 1.5)
+
+    async def cancel(self, task_id: str) -> TaskModel:
+        task = await asyncio.to_thread(self.store.cancel, task_id)
+        if task.state in TERMINAL_STATES:
+            return task
+        try:
+            return await asyncio.wait_for(self.wait(task_id), CANCEL_WAIT)
+        except TimeoutError:
+            return await self.get(task_id)  # still running: its worker stops before its next write
+
+    async def health(self) -> dict[str, Any]:
+        queue: dict[str, Any] = {"url": redact(self.url), "reachable": False}
+        try:
+            active, workers, queued = await asyncio.to_thread(self._counts)
+        except QueueUnavailableError as exc:
+            queue["error"] = exc.message
+            return {"status": "unavailable", "running_tasks": 0, "queue": queue}
+        queue.update(reachable=True, workers=workers, queued=queued)
+        return {"status": "ok", "running_tasks": active, "queue": queue}
+
+    def _counts(self) -> tuple[int, list[str], int]:
+        with reaching():
+            queued = int(self.store.redis.llen(QUEUE))
+        return self.store.active(), self.store.workers(), queued
+
+    def shutdown(self) -> None:
+        self.store.redis.close()

@@ -1,0 +1,312 @@
+"""Queue mode with real processes: a real redis-server, `kindex serve --queue` replicas and `kindex worker`s over one
+KB root, the model a fake OpenAI-compatible server reached through litellm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import kindex
+from tests.conftest import REPO, SAMPLE_KB
+from tests.fakellm import FakeLLM, Reply, well_behaved
+from tests.services import REDIS, Redis, free_port, until
+
+# CI installs redis-server and sets KINDEX_REQUIRE_REDIS, so there a missing server fails instead of skipping.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        REDIS is None and not os.environ.get("KINDEX_REQUIRE_REDIS"), reason="redis-server is not installed"
+    ),
+]
+
+TOKEN = "queue-token"
+DOCS_CALLS = 19
+"""Model calls of a reindex of sample_kb: its documents and themes, and the root."""
+
+
+class Cluster:
+    """API replicas and workers as processes; stops them all at the end."""
+
+    def __init__(self, root: Path, redis: Redis, llm: FakeLLM) -> None:
+        self.root, self.redis, self.llm = root, redis, llm
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: dict[str, list[str]] = {}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "KINDEX_API_TOKEN": TOKEN,
+            "KINDEX_MODEL": "openai/fake",
+            "KINDEX_API_BASE": llm.url,
+            "KINDEX_RETRIES": "0",
+            "OPENAI_API_KEY": "test-key",
+        }
+
+    def api(self) -> httpx.Client:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kindex.cli",
+                "serve",
+                "--kb-root",
+                str(self.root),
+                "--port",
+                "0",
+                "--queue",
+                self.redis.url,
+            ],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # uvicorn announces the port it bound
+            m = re.search(r"running on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
+                return httpx.Client(base_url=m.group(1), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        raise AssertionError(f"replica exited with {proc.wait()}")
+
+    def worker(self, name: str, *extra: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kindex.cli",
+                "worker",
+                "--kb-root",
+                str(self.root),
+                "--queue",
+                self.redis.url,
+                "--name",
+                name,
+                "--concurrency",
+                "2",
+                "--tasks",
+                "1",
+                *extra,
+            ],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        lines = self.logs.setdefault(name, [])
+        threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True).start()
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def workers_ready(api: httpx.Client, names: set[str]) -> None:
+    until(lambda: names <= set(api.get("/healthz").json()["queue"]["workers"]), f"workers {names}")
+
+
+def task_state(api: httpx.Client, task_id: str) -> dict[str, Any]:
+    r = api.get(f"/v1/tasks/{task_id}")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def finished(api: httpx.Client, task_id: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        r = api.get(f"/v1/tasks/{task_id}")
+        if r.status_code != 200:  # 503 while Redis restarts, 404 until the worker writes the record again
+            assert r.status_code in (404, 503), r.text
+            return None
+        body: dict[str, Any] = r.json()
+        return body if body["state"] in ("done", "failed", "cancelled") else None
+
+    result: dict[str, Any] = until(check, f"task {task_id} to end")
+    return result
+
+
+def index_files(kb: Path) -> dict[str, int]:
+    return {p.relative_to(kb).as_posix(): p.stat().st_mtime_ns for p in kb.rglob("index.json")}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, fake_llm: FakeLLM) -> Iterator[Cluster]:
+    root = tmp_path / "agents"
+    for agent in ("agent1", "agent2"):
+        shutil.copytree(SAMPLE_KB, root / agent, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    redis = Redis(tmp_path)
+    redis.start()
+    c = Cluster(root, redis, fake_llm)
+    try:
+        yield c
+    finally:
+        c.stop()
+        redis.kill()
+
+
+def slow_model(seconds: float) -> Callable[[dict[str, Any]], Reply]:
+    return lambda request: Reply(well_behaved(request).content, latency=seconds)
+
+
+def test_two_replicas_two_workers_share_tasks_busy_and_cancel(cluster: Cluster) -> None:
+    a, b = cluster.api(), cluster.api()
+    cluster.worker("w1")
+    cluster.worker("w2")
+    workers_ready(b, {"w1", "w2"})
+
+    # Submitted on A, followed to the end on B.
+    r = a.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"})
+    assert r.status_code == 202, r.text
+    task_id = r.json()["id"]
+    busy = b.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"})
+    assert busy.status_code == 409 and busy.json()["error"] == {
+        "code": "busy",
+        "message": f"agent 'agent1' is being reindexed by task {task_id}",
+        "task_id": task_id,
+    }
+    end = finished(b, task_id)
+    assert end["state"] == "done" and end["worker"] in ("w1", "w2"), end
+    assert end["report"]["calls"] == DOCS_CALLS and end["progress"] == {"completed": 19, "total": 19}
+    assert kindex.validate(cluster.root / "agent1") == []
+    assert len(cluster.llm.requests) == DOCS_CALLS
+
+    # wait=true on B answers the report, whichever worker ran it; the agent is free again once it ended.
+    r = b.post("/v1/agents/agent1/knowledge/reindex/sub", json={"dir": "billing"})
+    assert r.status_code == 200 and r.json()["step"] == "sub", r.text
+
+    # Cancel on B stops the worker that took the task from A; nothing is written or asked after the cancel.
+    cluster.llm.script = slow_model(1.5)
+    before = index_files(cluster.root / "agent2")
+    r = a.post("/v1/agents/agent2/knowledge/reindex", params={"wait": "false"})
+    task_id = r.json()["id"]
+    asked = len(cluster.llm.requests)
+    cluster.llm.wait_for_requests(asked + 2)  # both of the worker's model calls are in flight
+    cancelled = b.delete(f"/v1/tasks/{task_id}").json()
+    assert cancelled["state"] == "cancelled", cancelled
+    assert cancelled["error"]["code"] == "cancelled"
+    assert len(cluster.llm.requests) == asked + 2
+    assert index_files(cluster.root / "agent2") == before
+    # The agent is free: the next reindex runs, and pays only for what the cancelled one did not get answered.
+    cluster.llm.script = well_behaved
+    r = b.post("/v1/agents/agent2/knowledge/reindex")
+    assert r.status_code == 200 and r.json()["calls"] + r.json()["cache_hits"] == DOCS_CALLS, r.text
+    assert kindex.validate(cluster.root / "agent2") == []
+    for lines in cluster.logs.values():
+        for line in lines:
+            json.loads(line)  # every line the workers logged is one JSON object
+
+
+def test_a_killed_worker_s_task_is_finished_by_the_other(cluster: Cluster) -> None:
+    api = cluster.api()
+    procs = {n: cluster.worker(n, "--lease", "2", "--redeliver-after", "4") for n in ("w1", "w2")}
+    workers_ready(api, {"w1", "w2"})
+    cluster.llm.script = slow_model(0.3)
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    cluster.llm.wait_for_requests(6)
+    first = task_state(api, task_id)["worker"]
+    assert first in procs
+    procs[first].send_signal(signal.SIGKILL)
+    procs[first].wait()
+    end = finished(api, task_id)
+    assert end["state"] == "done" and end["worker"] != first, end
+    # Every document was paid for once, plus at most the calls in flight at the kill (--concurrency 2).
+    assert DOCS_CALLS <= len(cluster.llm.requests) <= DOCS_CALLS + 2
+    assert end["report"]["cache_hits"] >= 4
+    assert kindex.validate(cluster.root / "agent1") == []
+
+
+def test_sigterm_hands_the_running_step_to_another_worker(cluster: Cluster) -> None:
+    api = cluster.api()
+    procs = {n: cluster.worker(n) for n in ("w1", "w2")}
+    workers_ready(api, {"w1", "w2"})
+    cluster.llm.script = slow_model(0.3)
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    cluster.llm.wait_for_requests(4)
+    first = task_state(api, task_id)["worker"]
+    procs[first].send_signal(signal.SIGTERM)
+    assert procs[first].wait(30) == 0  # a warm shutdown that does not wait for the step to end
+    end = finished(api, task_id)
+    assert end["state"] == "done" and end["worker"] != first, end
+    assert DOCS_CALLS <= len(cluster.llm.requests) <= DOCS_CALLS + 2
+    assert any("handed back to the queue" in line for line in cluster.logs[first])
+    assert kindex.validate(cluster.root / "agent1") == []
+
+
+def test_redis_restarted_mid_run(cluster: Cluster) -> None:
+    api = cluster.api()
+    cluster.worker("w1")
+    workers_ready(api, {"w1"})
+    cluster.llm.script = slow_model(0.3)
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    cluster.llm.wait_for_requests(4)
+    cluster.redis.kill()
+    health = api.get("/healthz")
+    assert health.status_code == 503 and health.json()["queue"]["reachable"] is False
+    r = api.get(f"/v1/tasks/{task_id}")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "queue_unavailable"
+    cluster.redis.start()  # empty: the record comes back with the worker's next write
+    end = finished(api, task_id)
+    assert end["state"] == "done" and end["report"]["calls"] == DOCS_CALLS, end
+    assert kindex.validate(cluster.root / "agent1") == []
+    # The queue works again: a new step on the same agent runs to the end.
+    cluster.llm.script = well_behaved
+    r = api.post("/v1/agents/agent1/knowledge/reindex")
+    assert r.status_code == 200 and r.json()["cache_hits"] == DOCS_CALLS, r.text
+
+
+def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
+    api = cluster.api()
+    for n in ("w1", "w2"):
+        cluster.worker(n, "--rate-limit", "openai/fake=300")  # 5 requests a second, for both workers together
+    workers_ready(api, {"w1", "w2"})
+    arrivals: list[float] = []
+
+    def timed(request: dict[str, Any]) -> Reply:
+        arrivals.append(time.monotonic())
+        return well_behaved(request)
+
+    cluster.llm.script = timed
+    ids = [
+        api.post(f"/v1/agents/{a}/knowledge/reindex", params={"wait": "false"}).json()["id"]
+        for a in ("agent1", "agent2")
+    ]
+    ends = [finished(api, i) for i in ids]
+    assert {e["worker"] for e in ends} == {"w1", "w2"} and all(e["state"] == "done" for e in ends)
+    assert len(arrivals) == 2 * DOCS_CALLS
+    # Grants are spaced by Redis's clock; arrivals add each call's own latency on the way (litellm, HTTP), which
+    # can bunch two grants in one second: the rate is judged over the run and over 3-second windows.
+    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    per_window = max(sum(1 for t in arrivals if s <= t < s + 3.0) for s in arrivals)
+    print(f"rate {rate:.2f}/s, at most {per_window} requests in 3 s")
+    assert rate <= 5.0 * 1.02, rate  # grants are exactly 0.2 s apart; arrivals jitter by a few ms
+    assert per_window <= 3 * 5 + 1
+
+
+def test_queue_mode_without_redis_answers_503(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from kindex.server import create_app
+
+    shutil.copytree(SAMPLE_KB, tmp_path / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    app = create_app(tmp_path, queue=f"redis://127.0.0.1:{free_port()}/0")
+    with TestClient(app, base_url="http://localhost") as client:
+        r = client.post("/v1/agents/agent1/knowledge/reindex")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_unavailable", r.text
+        health = client.get("/healthz")
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        r = client.put("/v1/agents/agent1/knowledge/watch")
+        assert r.status_code == 422 and "queue mode" in r.json()["error"]["message"]
