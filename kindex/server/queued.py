@@ -7,7 +7,7 @@ waiting for its step polls the record, so it can be answered by any replica, whi
 from __future__ import annotations
 
 import asyncio
-import logging
+import time
 from typing import Any
 
 import kombu.exceptions
@@ -19,10 +19,10 @@ from kindex.queue.broker import QUEUE, TASK, make_app
 from kindex.queue.jobs import JobStore, reaching, redact
 from kindex.results import TERMINAL_STATES, TaskModel
 
-log = logging.getLogger("kindex.server")
-
 POLL_FIRST, POLL_MAX = 0.05, 0.5
 """A waiting request looks at its task's record this often (backing off from the first to the max, in s)."""
+UNREACHABLE_WAIT = 30.0
+"""A request waiting for its step gives up with 503 once Redis has been unreachable this long."""
 CANCEL_WAIT = 5.0
 """DELETE waits this long for the worker to confirm that it stopped, so its answer usually says ``cancelled``."""
 
@@ -55,16 +55,23 @@ class QueuedTasks:
 
     async def wait(self, task_id: str) -> TaskModel:
         delay = POLL_FIRST
+        unreachable_since: float | None = None
         while True:
             try:
                 task = await asyncio.to_thread(self.store.get, task_id)
+                unreachable_since = None
             except TaskNotFoundError:
                 raise QueueUnavailableError(
                     f"task {task_id} vanished from the queue's Redis while it was awaited (a restart without "
                     "persistence?): submit the step again"
                 ) from None
             except QueueUnavailableError:
-                task = None  # Redis is restarting: the worker goes on, and so does this wait
+                # Redis restarting: the worker goes on, and so does this wait, for a while.
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > UNREACHABLE_WAIT:
+                    raise
+                task = None
             if task is not None and task.state in TERMINAL_STATES:
                 return task
             await asyncio.sleep(delay)
