@@ -83,23 +83,25 @@ def main() -> None:
 
     kindex.kb.clear_cache()
 
-    def best_cover(kb: Path, message: str, body_cover: float) -> float:
-        loaded = kindex.KnowledgeBase(kb).retriever.loaded()
+    def best_cover(kb: Path, message: str) -> float:
+        loaded = kindex.KnowledgeBase(kb).retriever.loaded()  # a fresh load: it reads BODY_COVER
         scored = retrieve._score(loaded, retrieve._query_terms(message, loaded))
         cand = (scored.scores > 0) & ~loaded.conditional
-        return float(scored.cover(body_cover)[cand].max()) if cand.any() else 0.0
+        return float(scored.cover()[cand].max()) if cand.any() else 0.0
 
     base_unseen, base_ratio = retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO
-    base_name = retrieve.NAME_WEIGHT
+    base_name, base_body = retrieve.NAME_WEIGHT, retrieve.BODY_COVER
     for unseen, ratio, name_weight in itertools.product((0.0, 0.25), (10.0, 100.0, 1000.0), (1.0, 2.0, 3.0)):
         retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO, retrieve.NAME_WEIGHT = unseen, ratio, name_weight
         for body_cover in (0.5, 0.8):
-            on_c = np.array([best_cover(kb, q, body_cover) for kb, q, _ in on])
-            off_c = np.array([best_cover(kb, m, body_cover) for kb, m in off])
+            retrieve.BODY_COVER = body_cover
+            on_c = np.array([best_cover(kb, q) for kb, q, _ in on])
+            off_c = np.array([best_cover(kb, m) for kb, m in off])
             cells = [f"{t}: {np.mean(on_c < t):.0%}/{np.mean(off_c < t):.0%}" for t in (0.2, 0.25, 0.3, 0.35, 0.4, 0.5)]
             label = f"unseen {unseen}, ratio {ratio:g}, names x{name_weight:g}, body {body_cover}: on/off fell back at"
             print(label + " " + ", ".join(cells))
     retrieve.UNSEEN_HAN_WEIGHT, retrieve.SPECIFIC_RATIO, retrieve.NAME_WEIGHT = base_unseen, base_ratio, base_name
+    retrieve.BODY_COVER = base_body
     tmp.cleanup()
 
 

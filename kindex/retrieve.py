@@ -4,7 +4,9 @@ A :class:`Retriever` loads one KB's search index (:mod:`kindex.searchindex`) onc
 or the saved tables change on disk (one ``stat`` per index file per call), so a chat backend pays for loading only
 after a reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
 document covers enough of the question's informative weight (the rarity of its words), else the KB's overview is
-returned instead.
+returned instead. What a term adds to each document is worked out from its postings on the term's first use and
+kept with the loaded tables, so a warm call sums a few ready rows (as bm25s does) without paying at load for the
+terms no question uses.
 
 Long because scoring, the on-topic decision, ranking and assembling the text all read the loaded tables'
 private arrays; what does not (fitting a document into a budget) lives in :mod:`kindex.fitting`.
@@ -87,11 +89,32 @@ def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """What one term adds to every document holding it: computed from the seven fields' postings on the term's
+    first use and kept with the loaded tables (see :func:`_row`)."""
+
+    docs: npt.NDArray[np.int32]
+    """The documents holding the term in any field, sorted."""
+    gain: npt.NDArray[np.float32]
+    """Per document: BM25F of the term plus the entry boost, before the term's weight in the question."""
+    cover: npt.NDArray[np.float32]
+    """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
+    times the saturated body frequency (one passing mention counts little)."""
+    occurrences: float
+    """How often the term occurs in the KB, all fields."""
+    named: bool
+    """Some document has the term in its title or tags."""
+
+
+_ABSENT = _Row(np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32), 0.0, False)
+
+
 @dataclass(slots=True)
 class _Loaded:
     watched: tuple[str, ...]
     """The index files and the saved tables, as strings: stat-ed on every call (pathlib would cost more)."""
-    signature: tuple[Any, ...]
+    signature: tuple[tuple[int, int] | None, ...]
     index: SearchIndex
     stale: bool
     """The saved tables were missing or did not match the index files: rebuilt in memory."""
@@ -99,14 +122,20 @@ class _Loaded:
     n: int
     inv: dict[str, npt.NDArray[np.float32]]
     """Per field: its weight divided by each document's length normalisation."""
+    rows: dict[str, _Row]
+    """The rows of the terms questions used so far (:func:`_row`): at most one per term of the tables."""
     tokens: float
     """Terms in the KB, all fields: the denominator of a term's rate of use."""
-    theme_of: npt.NDArray[np.int32]
+    theme_of: npt.NDArray[np.intp]
     conditional: npt.NDArray[np.bool_]
+    unconditional: npt.NDArray[np.bool_]
     path_rank: npt.NDArray[np.int64]
     by_path: dict[str, int]
     theme_terms: list[Counter[str]]
-    theme_df: Counter[str]
+    theme_postings: dict[str, list[tuple[int, int]]]
+    """Per term of a theme entry: (theme, frequency) of every theme entry holding it, in theme order."""
+    theme_norm: list[float]
+    """Per theme entry: ``K1`` times its length normalisation, the part of BM25's denominator fixed per load."""
     skill_library: bool
     matchers: dict[str, Any] = field(default_factory=dict)
     """The compiled ``paths`` globs of this index, filled on first use."""
@@ -130,10 +159,14 @@ def _load(kb: Path) -> _Loaded:
     theme_terms = [
         Counter(analyze(" \n".join((t.item.title, *t.item.tags, t.item.summary)), index.vocab)) for t in index.themes
     ]
-    theme_df: Counter[str] = Counter()
-    for c in theme_terms:
-        theme_df.update(c.keys())
+    theme_postings: dict[str, list[tuple[int, int]]] = {}
+    for i, c in enumerate(theme_terms):
+        for term, tf in c.items():
+            theme_postings.setdefault(term, []).append((i, tf))
+    theme_lengths = [sum(c.values()) for c in theme_terms]
+    avg = (sum(theme_lengths) / len(theme_terms) if theme_terms else 0.0) or 1.0
     paths = [d.path for d in index.docs]
+    conditional = np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_)
     watched = (
         str(kb / INDEX_FILE),
         *(str(kb / t.dir / INDEX_FILE) for t in index.themes),
@@ -147,13 +180,16 @@ def _load(kb: Path) -> _Loaded:
         problems=problems,
         n=n,
         inv=inv,
+        rows={},
         tokens=max(float(index.lengths.sum()), 1.0),
-        theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.int32),
-        conditional=np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_),
+        theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.intp),
+        conditional=conditional,
+        unconditional=~conditional,
         path_rank=np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64),
         by_path={p: i for i, p in enumerate(paths)},
         theme_terms=theme_terms,
-        theme_df=theme_df,
+        theme_postings=theme_postings,
+        theme_norm=[K1 * (0.25 + 0.75 * length / avg) for length in theme_lengths],
         skill_library=any((kb / t.dir / "SKILL.md").is_file() for t in index.themes),
     )
 
@@ -169,18 +205,12 @@ class _Term:
     """Its informative weight for the on-topic decision (see :func:`informative`)."""
     docs: npt.NDArray[np.int32]
     """The documents holding the term in any field, sorted."""
-    in_entry: npt.NDArray[np.bool_]
-    """Per document of ``docs``: the term is in its entry (title, tags, summary, questions, headings, path)."""
-    body_sat: npt.NDArray[np.float32]
-    """Per document of ``docs``: its saturated body frequency, in [0, 1): one passing mention counts little."""
+    cover: npt.NDArray[np.float32]
+    """Per document of ``docs``: the share of the term's weight it covers (:attr:`_Row.cover`)."""
 
     @property
     def df(self) -> int:
         return len(self.docs)
-
-    def holds(self, idx: int) -> bool:
-        i = int(np.searchsorted(self.docs, idx))
-        return i < len(self.docs) and int(self.docs[i]) == idx
 
 
 @dataclass(slots=True)
@@ -189,7 +219,7 @@ class _Scored:
     scores: npt.NDArray[np.float32]
     per_term: list[_Term]
 
-    def cover(self, body_cover: float = BODY_COVER) -> npt.NDArray[np.float32]:
+    def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
         n = len(self.scores)
         covered = np.zeros(n, dtype=np.float32)
@@ -197,8 +227,20 @@ class _Scored:
         for t in self.per_term:
             total += t.weight
             if t.weight and t.df:
-                covered[t.docs] += t.weight * np.maximum(t.in_entry, body_cover * t.body_sat)
+                np.add.at(covered, t.docs, t.weight * t.cover)
         return covered / total if total else covered
+
+    def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
+        """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
+        found: list[list[str]] = [[] for _ in idxs]
+        at = np.asarray(idxs, dtype=np.int32)
+        for t in sorted(self.per_term, key=lambda t: t.term):
+            if not t.df:
+                continue
+            pos = np.minimum(t.docs.searchsorted(at), t.df - 1)
+            for i in np.flatnonzero(t.docs[pos] == at).tolist():
+                found[i].append(t.term)
+        return [tuple(f) for f in found]
 
 
 def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
@@ -246,50 +288,67 @@ def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float
     return (tf / (K1 + tf)).astype(np.float32)
 
 
+def _row(loaded: _Loaded, term: str) -> _Row:
+    """The row of ``term`` (see :class:`_Row`), computed on its first use and kept: a KB's questions come back to
+    the same few hundred words, and combining a term's postings field by field was most of a call's cost.
+
+    Two threads may both compute a new term's row; they compute the same one and either may be kept.
+    """
+    row = loaded.rows.get(term)
+    if row is not None:
+        return row
+    n = loaded.n
+    fields = loaded.index.fields
+    h = term_hash(term)
+    hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
+    if not hits:
+        return _ABSENT  # not kept: the words a KB does not hold are unbounded, and looking them up is cheap
+    # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
+    body_w = np.zeros(n, dtype=np.float32)
+    entry_w = np.zeros(n, dtype=np.float32)
+    occurrences = 0.0
+    named = False
+    for name, (d, tf) in hits:
+        occurrences += float(tf.sum())
+        if name == "body":
+            body_w[d] = tf * loaded.inv[name][d]
+        else:
+            entry_w[d] += tf * loaded.inv[name][d]
+            named = named or name in ("title", "tags")
+    total_w = body_w + entry_w
+    docs = np.flatnonzero(total_w).astype(np.int32)
+    wtf, ew = total_w[docs], entry_w[docs]
+    idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
+    gain = idf * wtf / (K1 + wtf)
+    entry_df = int(np.count_nonzero(ew))
+    if ENTRY_BOOST and entry_df:
+        # The entries on their own, with their own rarity: "API" is in nearly every document of a gateway
+        # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
+        entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
+        gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
+    cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
+    row = _Row(docs, gain, cover, occurrences, named)
+    loaded.rows[term] = row
+    return row
+
+
 def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
-    """BM25F scores of every document, computed on the postings of the question's terms only (sparse)."""
+    """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed."""
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     per_term: list[_Term] = []
-    fields = loaded.index.fields
     for term in terms:
-        h = term_hash(term)
-        hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
-        if not hits:
-            idf = math.log(1 + (n + 0.5) / 0.5)
-            empty = np.zeros(0, dtype=np.int32)
-            weight = informative(term, idf, 0, 0.0)
-            per_term.append(_Term(term, idf, weight, empty, np.zeros(0, np.bool_), np.zeros(0, np.float32)))
-            continue
-        # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
-        body_w = np.zeros(n, dtype=np.float32)
-        entry_w = np.zeros(n, dtype=np.float32)
-        occurrences = 0.0
-        named = False
-        for name, (d, tf) in hits:
-            occurrences += float(tf.sum())
-            if name == "body":
-                body_w[d] = tf * loaded.inv[name][d]
-            else:
-                entry_w[d] += tf * loaded.inv[name][d]
-                named = named or name in ("title", "tags")
-        total_w = body_w + entry_w
-        docs = np.flatnonzero(total_w).astype(np.int32)
-        wtf, ew = total_w[docs], entry_w[docs]
-        body_sat = _saturate(body_w[docs])
-        idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
-        # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
-        qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
-        gain = idf * wtf / (K1 + wtf)
-        entry_df = int(np.count_nonzero(ew))
-        if ENTRY_BOOST and entry_df:
-            # The entries on their own, with their own rarity: "API" is in nearly every document of a gateway
-            # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
-            entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
-            gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
-        scores[docs] += qw * gain
-        weight = informative(term, idf, len(docs), occurrences / loaded.tokens, named)
-        per_term.append(_Term(term, idf, weight, docs, ew > 0, body_sat))
+        row = _row(loaded, term)
+        df = len(row.docs)
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        if df:
+            # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
+            qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
+            # ``add.at`` takes the int32 rows as they are (an index expression would convert them first); each
+            # document is once in a row, so it adds exactly what ``scores[docs] += ...`` would.
+            np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
+        weight = informative(term, idf, df, row.occurrences / loaded.tokens, row.named)
+        per_term.append(_Term(term, idf, weight, row.docs, row.cover))
     return _Scored(terms, scores, per_term)
 
 
@@ -300,19 +359,16 @@ def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.floa
     cover = np.zeros(k + 1, dtype=np.float32)
     if not k:
         return scores, cover
-    lengths = [sum(c.values()) for c in loaded.theme_terms]
-    avg = (sum(lengths) / k) or 1.0
     total = 0.0
     for t in scored.per_term:
-        df = loaded.theme_df.get(t.term, 0)
+        postings = loaded.theme_postings.get(t.term, ())
+        df = len(postings)
         idf = math.log(1 + (k - df + 0.5) / (df + 0.5))
         weight = t.weight
         total += weight
-        for i, c in enumerate(loaded.theme_terms):
-            tf = c.get(t.term, 0)
-            if tf:
-                scores[i] += idf * tf * (K1 + 1) / (tf + K1 * (0.25 + 0.75 * lengths[i] / avg))
-                cover[i] += weight
+        for i, tf in postings:
+            scores[i] += idf * tf * (K1 + 1) / (tf + loaded.theme_norm[i])
+            cover[i] += weight
     if total:
         cover /= total
     return scores, cover
@@ -360,7 +416,7 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
             glob = any_match(doc.globs, scope, loaded.matchers)
             if glob is not None:
                 hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
-    candidates = np.nonzero((scored.scores > 0) & ~loaded.conditional)[0]
+    candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
     if len(candidates) and float(scored.cover()[candidates].max()) >= min_relevance:
         t_scores, _ = _theme_scores(loaded, scored)
         final = scored.scores[candidates] + THEME_PRIOR * t_scores[loaded.theme_of[candidates]]
@@ -373,13 +429,6 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), "matched"))
     return hits
-
-
-def _matched(scored: _Scored, idx: int) -> tuple[str, ...]:
-    """The question's terms that document ``idx`` holds (computed only for the hits returned)."""
-    if idx < 0:
-        return ()
-    return tuple(sorted(t.term for t in scored.per_term if t.holds(idx)))
 
 
 def check_relevance(min_relevance: float) -> None:
@@ -448,7 +497,8 @@ class Retriever:
         loaded = self.loaded()
         scored = _score(loaded, _query_terms(message, loaded))
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
-        items = [h.item(_matched(scored, h.idx) if explain else ()) for h in hits]
+        held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
+        items = [h.item(m) for h, m in zip(hits, held, strict=True)]
         if themes and loaded.index.themes:
             t_scores, t_cover = _theme_scores(loaded, scored)
             on_topic = any(h.reason == "matched" for h in hits)
@@ -611,7 +661,8 @@ def _assemble(
         if truncated:
             used = budget  # the cut document is the last one
         parts.append(chunk)
-        items.append(hit.item(_matched(scored, hit.idx), truncated=truncated, tokens=estimate_tokens(chunk)))
+        matched = scored.matched([hit.idx])[0]
+        items.append(hit.item(matched, truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(
         text="\n\n".join(parts),
         items=tuple(items),
