@@ -42,6 +42,12 @@ class Redis:
                 return
         raise AssertionError("redis-server did not start")
 
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM): Redis closes its clients' connections, as on a restart for maintenance."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.kill()

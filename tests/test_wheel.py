@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,14 @@ print(templating.render("repair.j2", error="E", shape="S"))
 
 
 def test_every_template_renders_from_an_installed_wheel(tmp_path: Path, sample_kb: Path) -> None:
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # From a copy without build/: setuptools reuses a stale build/lib, which would hide a missing package and ship
+    # modules that no longer exist.
+    ignore = shutil.ignore_patterns("build", ".git", ".venv*", "*.egg-info", "__pycache__", ".kindex", "index.json")
+    shutil.copytree(REPO, src, ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)], check=True, cwd=tmp_path
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)], check=True, cwd=tmp_path
     )
     (wheel,) = wheels.glob("kindex-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, cwd=tmp_path)
@@ -46,3 +51,7 @@ def test_every_template_renders_from_an_installed_wheel(tmp_path: Path, sample_k
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Your previous answer could not be used: E.")
+    # Every module of the source tree ships: a package missing from pyproject's list is absent from the wheel.
+    source = {p.relative_to(REPO).as_posix() for p in (REPO / "kindex").rglob("*.py")}
+    shipped = {p.relative_to(site).as_posix() for p in (site / "kindex").rglob("*.py") if "prompts" not in p.parts}
+    assert source == shipped

@@ -12,6 +12,7 @@ Settings measured in ``docs/research/queue-mode-celery-redis.md``:
 from __future__ import annotations
 
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 QUEUE = "kindex"
 TASK = "kindex.step"
@@ -19,10 +20,45 @@ DEFAULT_REDELIVER_AFTER = 120.0
 """Seconds before an unacknowledged step (its worker died) is delivered to another worker."""
 
 
+class _QoS(kombu_redis.QoS):
+    # When a worker's broker connection drops, kombu pushes the messages of the steps still running back to the
+    # queue as it closes the old channel: a duplicate of each (the lease makes it wait), and with kombu 5.7 a crash
+    # of the whole worker when the old channel can no longer open a connection ("'NoneType' object has no
+    # attribute 'hostname'", seen when Redis restarts under a running step). The running step goes on and is
+    # acknowledged when it ends; a worker that dies leaves its messages to the visibility timeout, as designed.
+    restore_at_shutdown = False
+
+    # A step that ends after its connection was replaced is acknowledged on the old channel, which can no longer
+    # reach Redis (kombu 5.7 crashes the worker there too). Its message stays in Redis's unacknowledged set; once
+    # the visibility timeout has passed it is delivered again, and that copy finds the step ended and stops.
+    def ack(self, delivery_tag: str) -> None:
+        if self.channel.connection is None:
+            self._delivered.pop(delivery_tag, None)
+            return
+        super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if self.channel.connection is None:
+            self._delivered.pop(delivery_tag, None)
+            return
+        super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+
+
+class _Channel(kombu_redis.Channel):
+    QoS = _QoS
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport without the restore of unacknowledged messages when a channel closes."""
+
+    Channel = _Channel
+
+
 def make_app(url: str, *, redeliver_after: float = DEFAULT_REDELIVER_AFTER) -> Celery:
     """The Celery app on the Redis at ``url``; the API replicas publish with it, the workers consume."""
     app = Celery("kindex", broker=url, set_as_current=False)
     app.conf.update(
+        broker_transport=f"{__name__}:Transport",
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
