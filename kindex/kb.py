@@ -341,9 +341,11 @@ class Step:
             raise UsageError(f"not a generation step: {str(data)[:200]}")
         name, dir_name, path = data["name"], data.get("dir"), data.get("path")
         needs_dir, needs_path = name in ("sub", "doc"), name == "doc"
-        if needs_dir != isinstance(dir_name, str) or needs_path != isinstance(path, str):
+        ok_dir = isinstance(dir_name, str) if needs_dir else dir_name is None
+        ok_path = isinstance(path, str) if needs_path else path is None
+        if not (ok_dir and ok_path):
             raise UsageError(f"step {name!r} has the wrong arguments: {str(data)[:200]}")
-        return cls(name, dir_name, path, bool(data.get("clear_dir", False)))
+        return cls(name, dir_name, path, data.get("clear_dir") is True)
 
 
 def check_agent_id(agent_id: str) -> None:

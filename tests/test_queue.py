@@ -315,3 +315,64 @@ def test_queue_mode_without_redis_answers_503(tmp_path: Path) -> None:
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
         r = client.put("/v1/agents/agent1/knowledge/watch")
         assert r.status_code == 422 and "queue mode" in r.json()["error"]["message"]
+
+
+def test_a_step_that_cannot_start_fails_and_frees_its_agent(cluster: Cluster) -> None:
+    import redis
+
+    api = cluster.api()
+    cluster.worker("w1")
+    workers_ready(api, {"w1"})
+    store = redis.Redis.from_url(cluster.redis.url)
+    store.hset("kindex:lease:agent1", "garbage", "1")  # a key Redis holds with the wrong type: reading it fails
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    end = finished(api, task_id)
+    assert end["state"] == "failed" and end["error"]["code"] == "internal_error", end
+    assert "could not start" in end["error"]["message"] and "WRONGTYPE" in end["error"]["message"]
+    store.delete("kindex:lease:agent1")
+    r = api.post("/v1/agents/agent1/knowledge/reindex")  # the agent is free again, and the worker alive
+    assert r.status_code == 200 and r.json()["calls"] == DOCS_CALLS, r.text
+
+
+def test_cancel_lands_while_a_step_waits_for_the_shared_limit(cluster: Cluster) -> None:
+    api = cluster.api()
+    cluster.worker("w1", "--rate-limit", "openai/fake=6")  # one call every ten seconds
+    workers_ready(api, {"w1"})
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    cluster.llm.wait_for_requests(1)  # the first call went; the others wait for the limit
+    cancelled = api.delete(f"/v1/tasks/{task_id}").json()
+    assert cancelled["state"] == "cancelled", cancelled
+    assert len(cluster.llm.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["worker", "--queue", "redis://127.0.0.1:99999/0"], "bad queue URL"),
+        (["worker", "--queue", "redis://127.0.0.1:6379/abc"], "the database must be a number"),
+        (["worker", "--queue", "http://127.0.0.1:6379/0"], "must be a Redis URL"),
+        (["worker", "--queue", "redis://127.0.0.1:6379/0", "--rate-limit", "gpt=1e-300"], "bad rate limit"),
+        (["serve", "--queue", "redis://127.0.0.1:6379/0", "--concurrency", "4"], "pass --concurrency to"),
+        (["serve", "--queue", "redis://[::1/0"], "bad queue URL"),
+    ],
+)
+def test_queue_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from kindex.cli import main
+
+    result = CliRunner().invoke(main, [args[0], "--kb-root", str(tmp_path), *args[1:]])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_a_step_from_a_record_is_checked() -> None:
+    from kindex.errors import UsageError
+    from kindex.kb import Step
+
+    assert Step.from_dict({"name": "doc", "dir": "a", "path": "b.md", "clear_dir": "false"}).clear_dir is False
+    assert Step.from_dict({"name": "sub", "dir": "a"}) == Step("sub", "a")
+    bad: Any
+    for bad in (None, [], {"name": "rm"}, {"name": "sub"}, {"name": "doc", "dir": "a"}, {"name": "root", "dir": 1}):
+        with pytest.raises(UsageError):
+            Step.from_dict(bad)

@@ -46,6 +46,8 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
       kindex serve  --kb-root /srv/kb --queue redis://redis:6379/0 --host 0.0.0.0
       kindex worker --kb-root /srv/kb --queue redis://redis:6379/0
     """
+    if queue and concurrency is not None:
+        raise UsageError("with --queue the workers make the model calls: pass --concurrency to `kindex worker`")
     token = os.environ.get("KINDEX_API_TOKEN") or None
     if token is None and not loopback(host):
         raise UsageError(f"refusing to listen on {host} without KINDEX_API_TOKEN: set a token, or use 127.0.0.1")

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 import redis
@@ -88,9 +89,10 @@ if v == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
 return 0
 """
-# A task that never reached the queue: failed, and its agent freed (only while nobody took it up).
+# A task that could not be queued, or could not start: failed, and its agent freed (unless it ended meanwhile).
 _FAIL = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st or st == 'done' or st == 'failed' or st == 'cancelled' then return 0 end
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
@@ -102,11 +104,14 @@ _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL
 
 @contextmanager
 def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
-    """Redis unreachable (refused, timed out, gone mid-answer) as :class:`QueueUnavailableError`."""
+    """Redis failing a request as :class:`QueueUnavailableError`: unreachable (refused, timed out, gone mid-answer),
+    or refusing (out of memory under ``noeviction``, a database number it does not have)."""
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise QueueUnavailableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
+    except redis.exceptions.RedisError as exc:
+        raise QueueUnavailableError(f"{url_hint} refused the request: {exc}") from None
 
 
 def redact(url: str) -> str:
@@ -136,13 +141,21 @@ class JobStore:
         """A store on the Redis at ``url`` (``redis://HOST:PORT/N``); :class:`UsageError` for another scheme."""
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise UsageError(f"the queue must be a Redis URL (redis://HOST:PORT/N), got {redact(url)!r}")
-        client = redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=SOCKET_TIMEOUT,
-            health_check_interval=30,
-        )
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # a port out of range or not a number raises here
+            db = parts.path.strip("/")
+            if db and not db.isdigit():
+                raise UsageError(f"bad queue URL {redact(url)!r}: the database must be a number, not {db!r}")
+            client = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=SOCKET_TIMEOUT,
+                socket_connect_timeout=SOCKET_TIMEOUT,
+                health_check_interval=30,
+            )
+        except ValueError as exc:
+            raise UsageError(f"bad queue URL {redact(url)!r}: {exc}; write redis://HOST:PORT/N") from None
         return cls(client)
 
     def key(self, kind: str, name: str) -> str:
@@ -208,7 +221,8 @@ class JobStore:
         return self.get(task_id)
 
     def fail(self, task_id: str, agent_id: str, error: KindexError) -> None:
-        """Mark a task that could not be queued as failed and free its agent (best effort: Redis may be down)."""
+        """Mark a task that could not be queued (or could not start) as failed, and free its agent (best effort:
+        Redis may be down)."""
         keys = [self.key("task", task_id), self.key("busy", agent_id), self.key("set", "active")]
         # The record stays queued; DELETE /v1/tasks/{id} frees the agent.
         with contextlib.suppress(redis.exceptions.RedisError):

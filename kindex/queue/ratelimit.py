@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-import redis.exceptions
 
-from kindex.errors import QueueUnavailableError, UsageError
+from kindex.errors import CancelledRun, UsageError
 from kindex.llm import Completion, LLMClient, Message
+from kindex.queue.jobs import reaching
 from kindex.tokenize import estimate_tokens
 
 ANY_MODEL = "*"
+MIN_RPM = 0.1
+"""The smallest request limit: one call every ten minutes."""
 ANSWER_RESERVE = 512
 """Tokens reserved for a call's answer before it is known (at most the call's ``max_tokens``)."""
 TOKEN_BURST_SECONDS = 10.0
@@ -77,12 +80,12 @@ def parse_limits(specs: Iterable[str]) -> dict[str, ModelLimit]:
                 raise ValueError
             rpm = float(parts[0])
             tpm = float(parts[1]) if len(parts) == 2 else None
-            if not 0 < rpm < 1e9 or (tpm is not None and not 0 < tpm < 1e12):
+            if not MIN_RPM <= rpm < 1e9 or (tpm is not None and not 1 <= tpm < 1e12):
                 raise ValueError
         except ValueError:
             raise UsageError(
-                f"bad rate limit {spec!r}: write MODEL=REQUESTS_PER_MINUTE[,TOKENS_PER_MINUTE], e.g. "
-                "openai/gpt-4o-mini=500,200000 (or *=60 for every model)"
+                f"bad rate limit {spec!r}: write MODEL=REQUESTS_PER_MINUTE[,TOKENS_PER_MINUTE] (at least {MIN_RPM} "
+                "requests and 1 token a minute), e.g. openai/gpt-4o-mini=500,200000 (or *=60 for every model)"
             ) from None
         out[model.strip()] = ModelLimit(model.strip(), rpm, tpm)
     return out
@@ -117,12 +120,8 @@ class SharedLimit:
         """Take one request and ``tokens`` if every limit allows it now: 0.0, else the seconds to wait first."""
         if self.limit.tpm:
             tokens = min(tokens, self.token_burst)  # a prompt larger than the burst would never pass
-        try:
+        with reaching("the Redis that keeps the shared model limit"):
             wait_ms = self._script(keys=self._keys, args=[*self._args(tokens), "take"])
-        except redis.exceptions.RedisError as exc:
-            raise QueueUnavailableError(
-                f"the shared model limit cannot be checked: Redis is unreachable ({exc})"
-            ) from None
         return float(wait_ms) / 1000
 
     def settle(self, tokens: float) -> None:
@@ -131,25 +130,36 @@ class SharedLimit:
             return
         args: list[float | str] = [self.limit.rpm / 60, 1, 0, self.limit.tpm / 60, self.token_burst, tokens, "settle"]
         # A missed correction only shifts the limit a little; the call itself succeeded.
-        with contextlib.suppress(redis.exceptions.RedisError):
+        with contextlib.suppress(redis.RedisError):
             self._script(keys=self._keys, args=args)
 
 
-class LimitedClient:
-    """An :class:`LLMClient` that waits for the shared limit before each call of the client it wraps."""
+WAIT_SLICE = 0.2
+"""A call waiting for the limit looks at its step's cancel this often."""
 
-    def __init__(self, inner: LLMClient, limit: SharedLimit, max_tokens: int) -> None:
+
+class LimitedClient:
+    """An :class:`LLMClient` that waits for the shared limit before each call of the client it wraps; a cancel of
+    the step (``cancel``) ends the wait, and no call is made after it."""
+
+    def __init__(
+        self, inner: LLMClient, limit: SharedLimit, max_tokens: int, cancel: threading.Event | None = None
+    ) -> None:
         self.inner = inner
         self.limit = limit
         self.reserve = min(max_tokens, ANSWER_RESERVE)
+        self.cancel = cancel or threading.Event()
 
     async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
         reserved = sum(estimate_tokens(m.get("content", "")) for m in messages) + self.reserve
         while True:
+            if self.cancel.is_set():
+                raise CancelledRun("the run was cancelled while it waited for the shared model limit")
             wait = self.limit.take(reserved)
             if wait <= 0:
                 break
-            await asyncio.sleep(wait + random.uniform(0, 0.005))  # jitter: waiters do not all wake at once
+            # Jitter: waiters do not all wake at once. Sliced: a cancel is seen within WAIT_SLICE.
+            await asyncio.sleep(min(wait + random.uniform(0, 0.005), WAIT_SLICE))
         answer = await self.inner.complete(messages, json_schema=json_schema)
         used = answer.prompt_tokens + answer.completion_tokens
         if used:

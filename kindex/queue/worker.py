@@ -26,11 +26,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
 import redis.exceptions
 from celery import signals
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
 
-from kindex.errors import CancelledRun, InternalError, KindexError
+from kindex.errors import CancelledRun, InternalError, KBNotFoundError, KindexError
 from kindex.generate import Progress
 from kindex.jsonlog import LOG_CONFIG
 from kindex.kb import KnowledgeBase, agent_folder
@@ -78,7 +79,28 @@ class StepRunner:
         self.shutting_down = shutting_down
 
     def execute(self, task_id: str, retry: Callable[[float], Exception]) -> str:
-        """Run the task's step; raises ``retry(seconds)`` when its agent's lease is held, ``Reject`` on shutdown."""
+        """Run the task's step; raises ``retry(seconds)`` when its agent's lease is held, ``Reject`` on shutdown or
+        when Redis cannot be reached as the step starts (the message goes back to the queue)."""
+        try:
+            return self._execute(task_id, retry)
+        except (Reject, Retry):
+            raise
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, kombu.exceptions.OperationalError):
+            log.warning("Redis unreachable as the step started: handed back to the queue", extra={"task_id": task_id})
+            raise Reject("Redis unreachable", requeue=True) from None
+        except Exception as exc:
+            # Whatever broke before the step ran (a record Redis garbled, a refused write): the task ends failed and
+            # its agent is freed, instead of the message being acknowledged and the agent staying busy for good.
+            log.exception("the step could not start", extra={"task_id": task_id})
+            reason = f"the step could not start: {type(exc).__name__}: {exc}"
+            error = exc if isinstance(exc, KindexError) else InternalError(reason)
+            rec: dict[str, str] = {}
+            with contextlib.suppress(KindexError):
+                rec = self.store.record(task_id) or {}
+            self.store.fail(task_id, rec.get("agent_id", ""), error)
+            return "failed"
+
+    def _execute(self, task_id: str, retry: Callable[[float], Exception]) -> str:
         rec = self.store.record(task_id)
         if rec is None or "agent_id" not in rec:
             log.warning("no record of task %s (Redis lost it?): dropped", task_id, extra={"task_id": task_id})
@@ -116,7 +138,7 @@ class StepRunner:
             cancelled = error_body(CancelledRun("the task was cancelled before it started"))
             self._end(lease, {**base, **finished(cancelled, state="cancelled")})
             return "cancelled"
-        attempts = int(rec.get("attempts", "0") or 0) + 1
+        attempts = int(rec["attempts"]) + 1 if rec.get("attempts", "").isdigit() else 1
         lease.write({**base, "state": "running", "attempts": attempts})
         log.info("step started (attempt %d)", attempts, extra=ctx)
         last = [0.0]
@@ -131,8 +153,9 @@ class StepRunner:
                 lease.write({**base, "state": "running", "completed": p.completed, "total": p.total})
 
         try:
-            kb = KnowledgeBase(agent_folder(self.config.kb_root, ctx["agent_id"]), flags=self.config.flags)
-            options = replace(kb.settings.generation, client=self._client(kb), on_progress=progress, cancel=cancel)
+            kb = KnowledgeBase(self._folder(ctx["agent_id"]), flags=self.config.flags)
+            client = self._client(kb, cancel)
+            options = replace(kb.settings.generation, client=client, on_progress=progress, cancel=cancel)
             report = step_of(rec).run(kb, options)
         except CancelledRun as exc:
             if lease.lost.is_set():
@@ -172,13 +195,23 @@ class StepRunner:
                     return
                 time.sleep(0.5)
 
-    def _client(self, kb: KnowledgeBase) -> LLMClient | None:
+    def _folder(self, agent_id: str) -> Path:
+        try:
+            return agent_folder(self.config.kb_root, agent_id)
+        except KBNotFoundError:
+            raise KBNotFoundError(
+                f"agent {agent_id!r} has no knowledge folder under worker {self.config.name}'s --kb-root "
+                f"{self.config.kb_root}: start every worker on the agents' folder the API replicas serve"
+            ) from None
+
+    def _client(self, kb: KnowledgeBase, cancel: threading.Event) -> LLMClient | None:
         """The model client under the shared limit of its model, if one is set (else generation's own)."""
         llm = kb.settings.generation.llm
         limit = limit_for(self.config.limits, llm.model)
         if limit is None or not llm.configured:
             return kb.settings.generation.client
-        return LimitedClient(LiteLLMClient(llm), SharedLimit(self.store.redis, limit), llm.max_tokens)
+        shared = SharedLimit(self.store.redis, limit)
+        return LimitedClient(LiteLLMClient(llm), shared, llm.max_tokens, cancel)
 
 
 class _Monitor:
@@ -237,6 +270,8 @@ def run_worker(config: WorkerConfig) -> int:
     signals.worker_shutting_down.connect(lambda **_: shutting_down.set(), weak=False)
     heartbeat = _Heartbeat(store, config.name)
     signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    if not any(p.is_dir() for p in config.kb_root.iterdir()):
+        log.warning("%s holds no agent folder yet: steps for agents it lacks will fail", config.kb_root)
     log.info(
         "kindex worker %s: %s, %d steps at once, queue %s",
         config.name,

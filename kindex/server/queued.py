@@ -7,17 +7,19 @@ waiting for its step polls the record, so it can be answered by any replica, whi
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
-import kombu.exceptions
 import redis.exceptions
 
-from kindex.errors import QueueUnavailableError, TaskNotFoundError
+from kindex.errors import QueueUnavailableError, TaskNotFoundError, UsageError
 from kindex.kb import KnowledgeBase, Step
 from kindex.queue.broker import QUEUE, TASK, make_app
 from kindex.queue.jobs import JobStore, reaching, redact
 from kindex.results import TERMINAL_STATES, TaskModel
+
+log = logging.getLogger("kindex.server")
 
 POLL_FIRST, POLL_MAX = 0.05, 0.5
 """A waiting request looks at its task's record this often (backing off from the first to the max, in s)."""
@@ -34,6 +36,15 @@ class QueuedTasks:
         self.url = url
         self.store = JobStore.from_url(url)
         self.celery = make_app(url)
+        try:
+            self.store.redis.ping()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # Not fatal: Redis may come up after the replicas; until then steps and tasks answer 503.
+            log.warning(
+                "the queue's Redis at %s cannot be reached yet (%s); steps answer 503 until it can", redact(url), exc
+            )
+        except redis.exceptions.RedisError as exc:
+            raise UsageError(f"the queue's Redis at {redact(url)} refuses this service: {exc}") from None
 
     async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
         task = await asyncio.to_thread(self.store.create, agent_id, step)
@@ -47,8 +58,8 @@ class QueuedTasks:
     def _publish(self, task_id: str) -> None:
         try:
             self.celery.send_task(TASK, args=[task_id], task_id=task_id, queue=QUEUE)
-        except (kombu.exceptions.OperationalError, redis.exceptions.RedisError) as exc:
-            raise QueueUnavailableError(f"the step could not be queued ({exc}); check the queue's Redis") from None
+        except Exception as exc:  # kombu raises its own errors and plain ones (a URL it reads differently)
+            raise QueueUnavailableError(f"the step could not be queued ({exc!r}); check the queue's Redis") from None
 
     async def get(self, task_id: str) -> TaskModel:
         return await asyncio.to_thread(self.store.get, task_id)
