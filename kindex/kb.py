@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from kindex import config, generate, skills
 from kindex.errors import KBNotFoundError, NotFoundError, UsageError
@@ -306,7 +306,8 @@ class KnowledgeBase:
             raise
 
 
-STEPS = ("reindex", "root", "sub", "doc")
+StepName = Literal["reindex", "root", "sub", "doc"]
+STEPS: tuple[str, ...] = get_args(StepName)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +315,7 @@ class Step:
     """One generation step as a request names it: what a task runs, in the server's threads or on a queue worker
     (where it travels as :meth:`to_dict` and is checked again by :meth:`from_dict`)."""
 
-    name: Literal["reindex", "root", "sub", "doc"]
+    name: StepName
     dir: str | None = None
     path: str | None = None
     clear_dir: bool = False

@@ -376,3 +376,27 @@ def test_a_step_from_a_record_is_checked() -> None:
     for bad in (None, [], {"name": "rm"}, {"name": "sub"}, {"name": "doc", "dir": "a"}, {"name": "root", "dir": 1}):
         with pytest.raises(UsageError):
             Step.from_dict(bad)
+
+
+def test_a_redis_that_refuses_answers_503_with_its_reason(tmp_path: Path) -> None:
+    import redis
+    from fastapi.testclient import TestClient
+
+    from kindex.errors import UsageError
+    from kindex.server import create_app
+
+    shutil.copytree(SAMPLE_KB, tmp_path / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        with pytest.raises(UsageError, match="refuses this service"):
+            create_app(tmp_path, queue=f"redis://127.0.0.1:{server.port}/99")  # a database it does not have
+        app = create_app(tmp_path, queue=server.url)
+        # Full under noeviction, as the docs advise to run it: writes are refused, not silently dropped.
+        redis.Redis.from_url(server.url).config_set("maxmemory", 1)
+        with TestClient(app, base_url="http://localhost") as client:
+            r = client.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"})
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "queue_unavailable" and "maxmemory" in r.json()["error"]["message"]
+    finally:
+        server.kill()

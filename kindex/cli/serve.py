@@ -169,8 +169,6 @@ def worker(
         from kindex.queue.worker import WorkerConfig, run_worker
     except ImportError as exc:
         raise KindexError(f"the worker needs its extra ({exc.name} is missing): pip install 'kindex[queue]'") from None
-    from kindex.queue.jobs import JobStore
-
     logging.config.dictConfig(LOG_CONFIG)
     logging.captureWarnings(True)  # Celery's warning about running as root would be a plain-text line
     specs = [part for spec in rate_limits for part in spec.split()]
@@ -184,5 +182,4 @@ def worker(
         redeliver_after=redeliver_after,
         **({"name": name} if name else {}),
     )
-    JobStore.from_url(queue)  # a URL that is not Redis's fails here, with exit 2
     click.get_current_context().exit(run_worker(config))

@@ -7,9 +7,7 @@ import time
 
 import orjson
 
-from kindex.jsonlog import ACCESS_LOGGER, LOG_CONFIG
-
-__all__ = ["LOG_CONFIG", "log_access"]
+from kindex.jsonlog import ACCESS_LOGGER
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 

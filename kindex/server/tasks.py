@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -137,12 +138,11 @@ class Tasks:
     def _progress(task: Task, p: Progress) -> None:
         task.completed, task.total = p.completed, p.total
 
-    def _run(self, task: Task, body: Any) -> None:
+    def _run(self, task: Task, body: Callable[[], RunReport]) -> None:
         task.state = "running"
         try:
-            task.report = body()
-            assert task.report is not None
-            task.completed, task.total = task.report.completed, task.report.total
+            report = task.report = body()
+            task.completed, task.total = report.completed, report.total
             task.state = "done"
         except KindexError as exc:
             task.error = exc
