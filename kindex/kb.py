@@ -101,6 +101,7 @@ class KnowledgeBase:
         self._client = client
         self._settings: Settings | None = None
         self._config_stamp: tuple[int, int] | None = None
+        self._config_file = os.path.join(self.path, config.CONFIG_FILE)  # a string: stat-ed on every call
         if settings is not None:
             settings.check()
         self._retriever: Retriever | None = None
@@ -118,7 +119,7 @@ class KnowledgeBase:
         if self._given is not None:
             return self._given
         try:
-            st = (self.path / config.CONFIG_FILE).stat()
+            st = os.stat(self._config_file)
             stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
         except OSError:
             stamp = None
@@ -373,14 +374,16 @@ class Handles:
     def __init__(
         self, limit: int = MAX_HANDLES, *, flags: Mapping[str, Any] | None = None, client: LLMClient | None = None
     ) -> None:
-        self._handles: OrderedDict[Path, KnowledgeBase] = OrderedDict()
+        self._handles: OrderedDict[str, KnowledgeBase] = OrderedDict()
         self._limit = limit
         self._flags = dict(flags or {})
         self._client = client
         self._lock = threading.Lock()
 
     def get(self, path: str | os.PathLike[str]) -> KnowledgeBase:
-        key = Path(path).resolve()
+        # Resolved on every call, so a symlink switched to a new release of the KB is followed; ``realpath`` on the
+        # string costs a third of ``Path.resolve()``, which is most of a warm search's overhead here.
+        key = os.path.realpath(path)
         with self._lock:
             handle = self._handles.get(key)
             if handle is None:

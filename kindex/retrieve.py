@@ -1,12 +1,12 @@
 """BuildContext (SPEC §6): pick the documents a chat message is about and hand over their original text.
 
 A :class:`Retriever` loads one KB's search index (:mod:`kindex.searchindex`) once and keeps it until an index file
-or the saved tables change on disk (one ``stat`` per index file per call), so a chat backend pays for loading only
-after a reindex. Scoring is BM25F over each document's entry fields and body; a question is on topic when the best
-document covers enough of the question's informative weight (the rarity of its words), else the KB's overview is
-returned instead. What a term adds to each document is worked out from its postings on the term's first use and
-kept with the loaded tables, so a warm call sums a few ready rows (as bm25s does) without paying at load for the
-terms no question uses.
+or the saved tables change on disk (the root index and the saved tables are stat-ed on every call, the theme index
+files at most once a second), so a chat backend pays for loading only after a reindex. Scoring is BM25F over each
+document's entry fields and body; a question is on topic when the best document covers enough of the question's
+informative weight (the rarity of its words), else the KB's overview is returned instead. What a term adds to each
+document is worked out from its postings on the term's first use and kept with the loaded tables, so a warm call
+sums a few ready rows (as bm25s does) without paying at load for the terms no question uses.
 
 Long because scoring, the on-topic decision, ranking and assembling the text all read the loaded tables'
 private arrays; what does not (fitting a document into a budget) lives in :mod:`kindex.fitting`.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ SPECIFIC_RATIO = 100.0
 NAME_WEIGHT = 2.0
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
+MAX_ABSENT_ROWS = 20_000
+"""Rows kept of words the KB does not hold (question words, typos): a few MB at most."""
+THEME_RECHECK_S = 1.0
+_clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _README_NAMES = ("readme.md", "index.md")
 
@@ -105,16 +110,29 @@ class _Row:
     """How often the term occurs in the KB, all fields."""
     named: bool
     """Some document has the term in its title or tags."""
+    idf: float
+    weight: float
+    """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
+    weighted_cover: npt.NDArray[np.float32]
+    """``weight`` times ``cover``: what the term adds, per document, to the covered share of a question."""
 
 
-_ABSENT = _Row(np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32), 0.0, False)
+_NO_DOCS = np.zeros(0, np.int32)
+_NO_VALUES = np.zeros(0, np.float32)
 
 
 @dataclass(slots=True)
 class _Loaded:
-    watched: tuple[str, ...]
-    """The index files and the saved tables, as strings: stat-ed on every call (pathlib would cost more)."""
-    signature: tuple[tuple[int, int] | None, ...]
+    stamps: tuple[str, ...]
+    """The root index and the saved tables, as strings (pathlib would cost more): stat-ed on every call. Every
+    kindex step that writes an index file rewrites the saved tables after it, so its changes are seen at once."""
+    stamps_seen: tuple[tuple[int, int] | None, ...]
+    themes_watched: tuple[str, ...]
+    """The theme index files: stat-ed again when a stamp changed, else at most every ``THEME_RECHECK_S``, so a
+    theme index edited by hand (or a step that died before saving the tables) is seen within that time."""
+    themes_seen: tuple[tuple[int, int] | None, ...]
+    checked_at: float
+    """When the theme index files were last stat-ed (``time.monotonic``)."""
     index: SearchIndex
     stale: bool
     """The saved tables were missing or did not match the index files: rebuilt in memory."""
@@ -123,7 +141,12 @@ class _Loaded:
     inv: dict[str, npt.NDArray[np.float32]]
     """Per field: its weight divided by each document's length normalisation."""
     rows: dict[str, _Row]
-    """The rows of the terms questions used so far (:func:`_row`): at most one per term of the tables."""
+    """The rows of the terms questions used so far (:func:`_row`): one per term of the tables at most, and
+    ``MAX_ABSENT_ROWS`` of terms the tables do not hold."""
+    absent: int
+    """How many of ``rows`` are of terms the tables do not hold."""
+    theme_rows: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]]
+    """Per term of a theme entry used so far: the theme entries holding it and its BM25 gain in each."""
     tokens: float
     """Terms in the KB, all fields: the denominator of a term's rate of use."""
     theme_of: npt.NDArray[np.intp]
@@ -167,20 +190,22 @@ def _load(kb: Path) -> _Loaded:
     avg = (sum(theme_lengths) / len(theme_terms) if theme_terms else 0.0) or 1.0
     paths = [d.path for d in index.docs]
     conditional = np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_)
-    watched = (
-        str(kb / INDEX_FILE),
-        *(str(kb / t.dir / INDEX_FILE) for t in index.themes),
-        str(kb / STATE_DIR / SEARCH_FILE),
-    )
+    stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
+    themes_watched = tuple(str(kb / t.dir / INDEX_FILE) for t in index.themes)
     return _Loaded(
-        watched=watched,
-        signature=_stats(watched),
+        stamps=stamps,
+        stamps_seen=_stats(stamps),
+        themes_watched=themes_watched,
+        themes_seen=_stats(themes_watched),
+        checked_at=_clock(),
         index=index,
         stale=stale,
         problems=problems,
         n=n,
         inv=inv,
         rows={},
+        absent=0,
+        theme_rows={},
         tokens=max(float(index.lengths.sum()), 1.0),
         theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.intp),
         conditional=conditional,
@@ -192,6 +217,20 @@ def _load(kb: Path) -> _Loaded:
         theme_norm=[K1 * (0.25 + 0.75 * length / avg) for length in theme_lengths],
         skill_library=any((kb / t.dir / "SKILL.md").is_file() for t in index.themes),
     )
+
+
+def _current(loaded: _Loaded) -> bool:
+    """Whether ``loaded`` still matches the files (see :attr:`_Loaded.themes_watched` for how often they are
+    checked): two ``stat`` calls on most questions instead of one per theme."""
+    if _stats(loaded.stamps) != loaded.stamps_seen:
+        return False
+    now = _clock()
+    if now - loaded.checked_at < THEME_RECHECK_S:
+        return True
+    if _stats(loaded.themes_watched) != loaded.themes_seen:
+        return False
+    loaded.checked_at = now
+    return True
 
 
 # -- scoring ------------------------------------------------------------------------------------------------------
@@ -218,17 +257,14 @@ class _Scored:
     terms: list[str]
     scores: npt.NDArray[np.float32]
     per_term: list[_Term]
+    covered: npt.NDArray[np.float32]
+    """Per document, the informative weight of the question's terms it covers."""
+    total: float
+    """The question's informative weight."""
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
-        n = len(self.scores)
-        covered = np.zeros(n, dtype=np.float32)
-        total = 0.0
-        for t in self.per_term:
-            total += t.weight
-            if t.weight and t.df:
-                np.add.at(covered, t.docs, t.weight * t.cover)
-        return covered / total if total else covered
+        return self.covered / self.total if self.total else self.covered
 
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
         """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
@@ -302,7 +338,13 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     h = term_hash(term)
     hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
     if not hits:
-        return _ABSENT  # not kept: the words a KB does not hold are unbounded, and looking them up is cheap
+        idf = math.log(1 + (n + 0.5) / 0.5)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, informative(term, idf, 0, 0.0), _NO_VALUES)
+        # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
+        if loaded.absent < MAX_ABSENT_ROWS:
+            loaded.absent += 1
+            loaded.rows[term] = row
+        return row
     # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
     body_w = np.zeros(n, dtype=np.float32)
     entry_w = np.zeros(n, dtype=np.float32)
@@ -327,7 +369,8 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
     cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
-    row = _Row(docs, gain, cover, occurrences, named)
+    weight = informative(term, idf, len(docs), occurrences / loaded.tokens, named)
+    row = _Row(docs, gain, cover, occurrences, named, idf, weight, weight * cover)
     loaded.rows[term] = row
     return row
 
@@ -336,20 +379,23 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed."""
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
+    covered = np.zeros(n, dtype=np.float32)
+    total = 0.0
     per_term: list[_Term] = []
     for term in terms:
         row = _row(loaded, term)
         df = len(row.docs)
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
         if df:
             # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
             qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else 1.0
             # ``add.at`` takes the int32 rows as they are (an index expression would convert them first); each
             # document is once in a row, so it adds exactly what ``scores[docs] += ...`` would.
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
-        weight = informative(term, idf, df, row.occurrences / loaded.tokens, row.named)
-        per_term.append(_Term(term, idf, weight, row.docs, row.cover))
-    return _Scored(terms, scores, per_term)
+            if row.weight:
+                np.add.at(covered, row.docs, row.weighted_cover)
+        total += row.weight
+        per_term.append(_Term(term, row.idf, row.weight, row.docs, row.cover))
+    return _Scored(terms, scores, per_term, covered, total)
 
 
 def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
@@ -359,18 +405,22 @@ def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.floa
     cover = np.zeros(k + 1, dtype=np.float32)
     if not k:
         return scores, cover
-    total = 0.0
     for t in scored.per_term:
-        postings = loaded.theme_postings.get(t.term, ())
-        df = len(postings)
-        idf = math.log(1 + (k - df + 0.5) / (df + 0.5))
-        weight = t.weight
-        total += weight
-        for i, tf in postings:
-            scores[i] += idf * tf * (K1 + 1) / (tf + loaded.theme_norm[i])
-            cover[i] += weight
-    if total:
-        cover /= total
+        row = loaded.theme_rows.get(t.term)
+        if row is None:
+            postings = loaded.theme_postings.get(t.term)
+            if postings is None:
+                continue
+            idf = math.log(1 + (k - len(postings) + 0.5) / (len(postings) + 0.5))
+            row = loaded.theme_rows[t.term] = (
+                np.array([i for i, _ in postings], dtype=np.intp),
+                np.array([idf * tf * (K1 + 1) / (tf + loaded.theme_norm[i]) for i, tf in postings], np.float32),
+            )
+        themes, gain = row
+        scores[themes] += gain  # a theme entry is once in a term's postings
+        cover[themes] += t.weight
+    if scored.total:
+        cover /= scored.total
     return scores, cover
 
 
@@ -447,7 +497,8 @@ def _scope(message: str, paths: Sequence[str]) -> list[str]:
 class Retriever:
     """One KB's search tables, loaded on first use and reloaded when an index file or the saved tables change.
 
-    Thread-safe: a call stats the watched files (microseconds) and reloads under a lock when one changed. A
+    Thread-safe: a call stats the root index and the saved tables (and, at most every ``THEME_RECHECK_S``, the theme
+    index files) and reloads under a lock when one changed. A
     :class:`kindex.KnowledgeBase` owns one; it holds a single KB's tables, so a process bounds its memory by
     bounding how many it keeps.
     """
@@ -460,11 +511,11 @@ class Retriever:
     def loaded(self) -> _Loaded:
         """The current tables (reloaded first if the files on disk changed)."""
         current = self._loaded
-        if current is not None and _stats(current.watched) == current.signature:
+        if current is not None and _current(current):
             return current
         with self._lock:
             current = self._loaded
-            if current is None or _stats(current.watched) != current.signature:
+            if current is None or not _current(current):
                 current = self._loaded = _load(self.root)
             return current
 

@@ -241,4 +241,4 @@ def test_a_handles_registry_keeps_at_most_its_limit_and_drops_the_least_recently
     handles.get(b)
     assert handles.get(a) is first  # used again: now the most recent
     handles.get(c)  # drops b, the least recently used
-    assert handles.get(a) is first and len(handles._handles) == 2 and b.resolve() not in handles._handles
+    assert handles.get(a) is first and len(handles._handles) == 2 and str(b.resolve()) not in handles._handles

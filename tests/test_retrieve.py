@@ -176,7 +176,7 @@ def test_paths_outside_the_kb_in_a_hand_edited_index_are_never_served(tmp_path: 
     assert "secret" not in ctx.text and all(".." not in i.path for i in ctx.items)
 
 
-def test_a_rewritten_index_is_seen_by_the_next_call_in_the_same_process(tmp_path: Path) -> None:
+def test_a_step_that_rewrites_an_index_is_seen_by_the_next_call_in_the_same_process(tmp_path: Path) -> None:
     kb = make_kb(
         tmp_path,
         {"t/a.md": (_doc("a.md", "退款政策", "退款"), "# a"), "t/b.md": (_doc("b.md", "发票", "发票"), "# b")},
@@ -184,9 +184,33 @@ def test_a_rewritten_index_is_seen_by_the_next_call_in_the_same_process(tmp_path
     assert kindex.build_context(kb, "退款政策").items[0].path == "t/a.md"
     assert kindex.build_context(kb, "对公转账").fallback
 
-    write_index(kb / "t" / "index.json", Index(documents=(_doc("b.md", "对公转账", "对公转账说明"),)))
+    (kb / "t" / "b.md").write_text("# 对公转账\n\n对公转账说明。\n", encoding="utf-8")
+    kindex.doc(kb, "t", "b.md")  # rewrites t/index.json, then the saved tables: no waiting
 
     assert kindex.build_context(kb, "对公转账").items[0].path == "t/b.md"
+
+
+def test_a_theme_index_edited_by_hand_is_seen_within_the_recheck_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(kindex.retrieve, "_clock", lambda: now[0])
+    kb = make_kb(
+        tmp_path,
+        {"t/a.md": (_doc("a.md", "退款政策", "退款"), "# a"), "t/b.md": (_doc("b.md", "发票", "发票"), "# b")},
+    )
+    assert kindex.build_context(kb, "对公转账").fallback
+
+    write_index(kb / "t" / "index.json", Index(documents=(_doc("b.md", "对公转账", "对公转账说明"),)))
+    # Theme index files are stat-ed at most once per interval (the root index and the saved tables every call):
+    # within it the loaded tables still answer.
+    now[0] += kindex.retrieve.THEME_RECHECK_S / 2
+    assert kindex.build_context(kb, "对公转账").fallback
+    now[0] += kindex.retrieve.THEME_RECHECK_S
+
+    ctx = kindex.build_context(kb, "对公转账")
+    assert ctx.items[0].path == "t/b.md"
+    assert kindex.KnowledgeBase(kb).retriever.loaded().stale  # the saved tables no longer match: said so
 
 
 def test_a_kb_without_an_index_names_the_fix(tmp_path: Path) -> None:
