@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 from retrieval_quality import KBS, faq_queries, per_query  # noqa: E402
 
 import kindex  # noqa: E402
+import kindex.kb  # noqa: E402  (loaded lazily by the package: clear_cache is read from it below)
 from kindex import retrieve  # noqa: E402
 
 
