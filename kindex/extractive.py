@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kindex.markdown import lines
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc, headings_of
 
@@ -137,6 +138,21 @@ def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:
     return {"title": dir_name, "summary": summary, "tags": tags}
 
 
+def _prose(text: str) -> str:
+    """What a reader reads of ``text``: no fenced code, link targets, URLs or file paths. A code block's names
+    (``div``, ``localhost``) and a URL's parts (``https``, ``com``, a user name) repeat without being what the
+    document is about, and a tag is a word someone would search with."""
+    kept: list[str] = []
+    for line in lines(text):
+        if line.fence is not None:
+            continue
+        for token in line.text.split():
+            token = token.split("](", 1)[0]  # a link's text, not its target
+            if "://" not in token and "/" not in token:
+                kept.append(token)
+    return " ".join(kept)
+
+
 def first_paragraph(text: str) -> str:
     """The first paragraph that reads as prose, cut at a sentence boundary near ``SUMMARY_TARGET``."""
     para: list[str] = []
@@ -186,9 +202,10 @@ def distinctive_tags(text: str, title: str) -> list[str]:
             tags.append(h)
         if len(tags) >= _TAGS // 2:
             break
+    prose = _prose(text)
     counts: Counter[str] = Counter()
-    counts.update(m.strip() for m in _CODE_SPAN.findall(text))
-    counts.update(w for w in _LATIN_WORD.findall(text) if w.casefold() not in _STOP)
+    counts.update(m.strip() for m in _CODE_SPAN.findall(prose))
+    counts.update(w for w in _LATIN_WORD.findall(prose) if w.casefold() not in _STOP)
     for term, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         if n < 2 or len(tags) >= _TAGS:
             break
