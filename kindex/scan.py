@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kindex import config
 from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError
 from kindex.globs import any_match
@@ -247,6 +245,8 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
     if m is None:
         return {}, text, None
     body = text[m.end() :]
+    import yaml  # here, not at the top: the read path serves documents without parsing frontmatter (~20 ms)
+
     try:
         meta = yaml.safe_load(m.group(1))
     except yaml.YAMLError as exc:
