@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kindex.markdown import lines
+from kindex.markdown import Line, lines
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
-from kindex.scan import ScannedDoc, headings_of
+from kindex.scan import ScannedDoc
 
 SUMMARY_TARGET = 160
 _TAGS = 10
@@ -138,12 +138,12 @@ def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:
     return {"title": dir_name, "summary": summary, "tags": tags}
 
 
-def _prose(text: str) -> str:
-    """What a reader reads of ``text``: no fenced code, link targets, URLs or file paths. A code block's names
+def _prose(text_lines: Sequence[Line]) -> str:
+    """What a reader reads of a text: no fenced code, link targets, URLs or file paths. A code block's names
     (``div``, ``localhost``) and a URL's parts (``https``, ``com``, a user name) repeat without being what the
     document is about, and a tag is a word someone would search with."""
     kept: list[str] = []
-    for line in lines(text):
+    for line in text_lines:
         if line.fence is not None:
             continue
         for token in line.text.split():
@@ -195,14 +195,15 @@ def distinctive_tags(text: str, title: str) -> list[str]:
     """Section headings and repeated code names or Latin terms: the words a reader would search with."""
     tags: list[str] = []
     seen = {title.casefold()}
-    for h in headings_of(text)[1:]:
+    text_lines = lines(text)
+    for h in [line.heading for line in text_lines if line.heading][1:]:
         h = clean_text(h, TITLE_MAX)
         if 1 < len(h) <= TAG_MAX // 2 and h.casefold() not in seen:
             seen.add(h.casefold())
             tags.append(h)
         if len(tags) >= _TAGS // 2:
             break
-    prose = _prose(text)
+    prose = _prose(text_lines)
     counts: Counter[str] = Counter()
     counts.update(m.strip() for m in _CODE_SPAN.findall(prose))
     counts.update(w for w in _LATIN_WORD.findall(prose) if w.casefold() not in _STOP)

@@ -54,6 +54,8 @@ LAZY_ALLOWED = {
     "kindex.queue.jobs",
     "kindex.queue.ratelimit",
     "kindex.queue.worker",
+    # Frontmatter is parsed by the scan only; the read path (`kindex context`) does not pay for loading PyYAML.
+    "yaml",
 }
 # Exceptions that are a framework's protocol, not a failure kindex reports: Celery's Reject hands a message back
 # to the queue.
