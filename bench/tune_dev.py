@@ -1,4 +1,5 @@
-"""How the dev sets answer to kindex's retrieval knobs: field weights, theme prior, and the on-topic threshold.
+"""How the dev sets answer to kindex's retrieval knobs: field weights, the weight of general Chinese words, theme
+prior, and the on-topic threshold.
 
     python bench/tune_dev.py [--keep DIR]
 
@@ -76,6 +77,11 @@ def main() -> None:
         retrieve.ENTRY_BOOST = boost
         print(f"  entry boost {boost}: {ranking_ndcg():.3f}")
     retrieve.ENTRY_BOOST = base_boost
+    base_rank = retrieve.GENERAL_WORD_RANK
+    for rank in (0.0, 0.25, 0.5, 0.75, 1.0):
+        retrieve.GENERAL_WORD_RANK = rank
+        print(f"  general Chinese word rank {rank}: {ranking_ndcg():.3f}")
+    retrieve.GENERAL_WORD_RANK = base_rank
     base_prior = retrieve.THEME_PRIOR
     for prior in (0.0, 0.3, 1.0):
         retrieve.THEME_PRIOR = prior

@@ -67,6 +67,9 @@ BODY_COVER = 0.5
 UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
+GENERAL_WORD_RANK = 0.5
+"""What a Chinese word as common in the KB as in general Chinese adds to a ranking, against a word specific to the KB
+(see :func:`specificity`): 配置, 问题, 使用 tell documents apart less than their rarity in the KB alone suggests."""
 NAME_WEIGHT = 2.0
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
@@ -113,6 +116,9 @@ class _Row:
     idf: float
     weight: float
     """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
+    rank: float
+    """What the term's gains are multiplied by in a ranking (``GENERAL_WORD_RANK`` for a general Chinese word,
+    1 for a word specific to the KB and for every other term)."""
     weighted_cover: npt.NDArray[np.float32]
     """``weight`` times ``cover``: what the term adds, per document, to the covered share of a question."""
 
@@ -279,6 +285,17 @@ class _Scored:
         return [tuple(f) for f in found]
 
 
+def specificity(term: str, kb_rate: float, named: bool = False) -> float:
+    """How far the KB uses a Chinese word more than general Chinese does, 0 to 1: ``kb_rate`` (its occurrences per
+    token in the KB) against its rate in the segmenter's dictionary, on a log scale where ``SPECIFIC_RATIO`` times
+    the background rate or more counts fully and the background rate or less not at all; 1 when a document is
+    ``named`` by it (in its title or tags). ``kb_rate`` must be positive."""
+    if named:
+        return 1.0
+    ratio = kb_rate / background_rate(term)
+    return min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
+
+
 def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
     """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
 
@@ -299,9 +316,7 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = Fa
         return NAME_WEIGHT * idf
     if df == 0:
         return UNSEEN_HAN_WEIGHT * idf
-    ratio = kb_rate / background_rate(term)
-    specific = 1.0 if named else min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
-    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specific
+    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specificity(term, kb_rate, named)
 
 
 def _bounded(message: str) -> str:
@@ -339,7 +354,8 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, informative(term, idf, 0, 0.0), _NO_VALUES)
+        weight = informative(term, idf, 0, 0.0)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES)
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS:
             loaded.absent += 1
@@ -369,8 +385,10 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
     cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
-    weight = informative(term, idf, len(docs), occurrences / loaded.tokens, named)
-    row = _Row(docs, gain, cover, occurrences, named, idf, weight, weight * cover)
+    kb_rate = occurrences / loaded.tokens
+    weight = informative(term, idf, len(docs), kb_rate, named)
+    rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate, named) if has_han(term) else 1.0
+    row = _Row(docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover)
     loaded.rows[term] = row
     return row
 
@@ -412,9 +430,10 @@ def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.floa
             if postings is None:
                 continue
             idf = math.log(1 + (k - len(postings) + 0.5) / (len(postings) + 0.5))
+            rank = _row(loaded, t.term).rank  # a general Chinese word says as little of a theme as of a document
             row = loaded.theme_rows[t.term] = (
                 np.array([i for i, _ in postings], dtype=np.intp),
-                np.array([idf * tf * (K1 + 1) / (tf + loaded.theme_norm[i]) for i, tf in postings], np.float32),
+                np.array([rank * idf * tf * (K1 + 1) / (tf + loaded.theme_norm[i]) for i, tf in postings], np.float32),
             )
         themes, gain = row
         scores[themes] += gain  # a theme entry is once in a term's postings

@@ -288,3 +288,24 @@ def test_a_doc_step_on_an_edited_document_refreshes_its_body_terms(indexed: Path
     kindex.doc(indexed, "billing", "自动续费.md")
 
     assert kindex.search(indexed, question, min_relevance=0.0)[0].path == "billing/自动续费.md"
+
+
+def test_a_word_as_common_in_general_chinese_as_in_the_kb_ranks_below_a_word_of_the_kb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kb = make_kb(
+        tmp_path,
+        {
+            "t/a.md": (_doc("a.md", "账户", "账户说明"), "# 账户\n\n注意注意注意，账户要注意安全。\n"),
+            "t/b.md": (_doc("b.md", "报表", "报表说明"), "# 报表\n\n对账单在报表里导出。\n"),
+        },
+    )
+    # As often in general Chinese as in this small KB: 注意 is phrasing here, 对账单 the subject.
+    rates = {"注意": 1.0, "对账单": 1e-9}
+    monkeypatch.setattr(kindex.retrieve, "background_rate", lambda word: rates.get(word, 1e-9))
+    question = "注意对账单"
+
+    assert kindex.search(kb, question, min_relevance=0.0)[0].path == "t/b.md"
+    monkeypatch.setattr(kindex.retrieve, "GENERAL_WORD_RANK", 1.0)  # rarity in the KB alone: 注意 three times wins
+    kindex.kb.clear_cache()
+    assert kindex.search(kb, question, min_relevance=0.0)[0].path == "t/a.md"
