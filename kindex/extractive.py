@@ -19,6 +19,8 @@ SUMMARY_TARGET = 160
 _TAGS = 10
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=\.)\s")
 _CJK = re.compile(r"[\u3400-\u9fff]")
+# Chinese characters and full-width punctuation: what separates Latin runs where there are no spaces.
+_CJK_RUN = re.compile(r"([\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+)")
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{2,}")
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
 _MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
@@ -141,16 +143,32 @@ def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:
 def _prose(text_lines: Sequence[Line]) -> str:
     """What a reader reads of a text: no fenced code, link targets, URLs or file paths. A code block's names
     (``div``, ``localhost``) and a URL's parts (``https``, ``com``, a user name) repeat without being what the
-    document is about, and a tag is a word someone would search with."""
+    document is about, and a tag is a word someone would search with.
+
+    Chinese is written without spaces, so a URL is cut out of its run of Latin characters, not with the whole
+    space-separated token (which may be a whole Chinese line)."""
     kept: list[str] = []
     for line in text_lines:
         if line.fence is not None:
             continue
         for token in line.text.split():
-            token = token.split("](", 1)[0]  # a link's text, not its target
-            if "://" not in token and "/" not in token:
-                kept.append(token)
+            pieces = _CJK_RUN.split(_without_link_targets(token))
+            kept.append("".join(p for p in pieces if "://" not in p and "/" not in p))
     return " ".join(kept)
+
+
+def _without_link_targets(token: str) -> str:
+    """``token`` with each Markdown link target ``](…)`` cut to ``]``: the link's text stays. One forward pass."""
+    out: list[str] = []
+    pos = 0
+    while (start := token.find("](", pos)) >= 0:
+        end = token.find(")", start + 2)
+        if end < 0:
+            break
+        out.append(token[pos : start + 1])
+        pos = end + 1
+    out.append(token[pos:])
+    return "".join(out)
 
 
 def first_paragraph(text: str) -> str:

@@ -74,7 +74,10 @@ NAME_WEIGHT = 2.0
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
 MAX_ABSENT_ROWS = 20_000
-"""Rows kept of words the KB does not hold (question words, typos): a few MB at most."""
+MAX_ABSENT_TERM = 32
+"""Rows are kept of at most ``MAX_ABSENT_ROWS`` words the KB does not hold (question words, typos), each at most
+this many characters: a run the segmenter cannot cut comes back whole, and a message of 20,000 rare characters must
+not become a 20,000-character key. About 10 MB at most."""
 THEME_RECHECK_S = 1.0
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
@@ -171,6 +174,9 @@ class _Loaded:
 
 
 def _load(kb: Path) -> _Loaded:
+    # Stat-ed before anything is read: a step that finishes during the load changes them, and the next call reloads.
+    stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
+    stamps_seen = _stats(stamps)
     index = load(kb)
     problems: tuple[str, ...] = ()
     stale = index is None or signature_of(kb, [t.dir for t in index.themes]) != index.signature
@@ -196,13 +202,15 @@ def _load(kb: Path) -> _Loaded:
     avg = (sum(theme_lengths) / len(theme_terms) if theme_terms else 0.0) or 1.0
     paths = [d.path for d in index.docs]
     conditional = np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_)
-    stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
     themes_watched = tuple(str(kb / t.dir / INDEX_FILE) for t in index.themes)
+    # What the tables were built from (root first, then the themes in order), not a stat taken now: a theme index
+    # replaced since it was read must look changed.
+    themes_seen = tuple(None if size < 0 else (mtime, size) for _, mtime, size in index.signature[1:])
     return _Loaded(
         stamps=stamps,
-        stamps_seen=_stats(stamps),
+        stamps_seen=stamps_seen,
         themes_watched=themes_watched,
-        themes_seen=_stats(themes_watched),
+        themes_seen=themes_seen,
         checked_at=_clock(),
         index=index,
         stale=stale,
@@ -357,7 +365,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         weight = informative(term, idf, 0, 0.0)
         row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES)
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
-        if loaded.absent < MAX_ABSENT_ROWS:
+        if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
             loaded.rows[term] = row
         return row

@@ -281,16 +281,17 @@ def _record(row: Sequence[Any]) -> DocRecord:
     return DocRecord(path, theme, _entry(obj), key)
 
 
+def _file_signature(kb: Path, rel: str) -> tuple[str, int, int]:
+    try:
+        st = (kb / rel).stat()
+    except OSError:
+        return (rel, 0, -1)
+    return (rel, st.st_mtime_ns, st.st_size)
+
+
 def signature_of(kb: Path, themes: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
     """(file, mtime_ns, size) of the root index and each theme's index; (file, 0, -1) for one that is missing."""
-    out = []
-    for rel in (INDEX_FILE, *(f"{t}/{INDEX_FILE}" for t in themes)):
-        try:
-            st = (kb / rel).stat()
-            out.append((rel, st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((rel, 0, -1))
-    return tuple(out)
+    return tuple(_file_signature(kb, rel) for rel in (INDEX_FILE, *(f"{t}/{INDEX_FILE}" for t in themes)))
 
 
 def _doc_fields(src: Source, vocab: frozenset[str]) -> dict[str, Counter[str]]:
@@ -379,6 +380,9 @@ def read_entries(kb: Path) -> Entries:
 
     A theme index that is missing or unreadable is reported in ``problems`` and contributes no documents.
     """
+    # Each file is stat-ed before it is read: a file replaced in between then differs from its signature (one
+    # reload too many), never the other way round (new stamps on old entries, which no check would see again).
+    signature = [_file_signature(kb, INDEX_FILE)]
     root_path = kb / INDEX_FILE
     try:
         root, problems = read_index_file(root_path)
@@ -407,6 +411,7 @@ def read_entries(kb: Path) -> Entries:
                 DocItem.model_construct(path=t.dir, title=t.title, summary=t.summary, tags=t.tags, paths=t.paths),
             )
         )
+        signature.append(_file_signature(kb, f"{t.dir}/{INDEX_FILE}"))
         try:
             sub, sub_problems = read_index_file(kb / t.dir / INDEX_FILE)
         except (OSError, InvalidFileError, IndexMissingError) as exc:
@@ -418,8 +423,7 @@ def read_entries(kb: Path) -> Entries:
     unique = list({rel: (rel, theme, item) for rel, theme, item in reversed(docs)}.values())[::-1]
     if len(unique) < len(docs):
         problems.append(f"{len(docs) - len(unique)} duplicate document entries ignored")
-    signature = signature_of(kb, [t.dir for t in themes])
-    return Entries(tuple(unique), tuple(themes), signature, tuple(problems))
+    return Entries(tuple(unique), tuple(themes), tuple(signature), tuple(problems))
 
 
 def update(kb: Path, scan: Scan) -> bool:

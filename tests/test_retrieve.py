@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import kindex
 import kindex.kb
 import kindex.retrieve
-from kindex import DocItem, Index, IndexMissingError, ThemeItem
+from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
 from kindex.cli import main
 from kindex.fitting import cut_to_budget
 from kindex.store import write_index
@@ -309,3 +309,44 @@ def test_a_word_as_common_in_general_chinese_as_in_the_kb_ranks_below_a_word_of_
     monkeypatch.setattr(kindex.retrieve, "GENERAL_WORD_RANK", 1.0)  # rarity in the KB alone: 注意 three times wins
     kindex.kb.clear_cache()
     assert kindex.search(kb, question, min_relevance=0.0)[0].path == "t/a.md"
+
+
+def test_rows_of_words_the_kb_does_not_hold_are_kept_only_when_short(indexed: Path) -> None:
+    loaded = kindex.KnowledgeBase(indexed).retriever.loaded()
+    junk = "\U00020000\U00020001" * 5_000  # rare characters the segmenter returns as one 10,000-character word
+    kindex.retrieve._score(loaded, [junk, "完全不存在的词", "zzqxv"])
+
+    assert junk not in loaded.rows and {"完全不存在的词", "zzqxv"} <= set(loaded.rows)
+    assert all(len(t) <= kindex.retrieve.MAX_ABSENT_TERM for t in loaded.rows if not len(loaded.rows[t].docs))
+
+
+def test_a_step_that_finishes_while_a_reader_loads_is_seen_by_its_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a hostile review: the files were stat-ed after the tables were read, so a step finishing in between
+    # left new stamps on old tables, and no later check saw a change.
+    now = [1000.0]
+    monkeypatch.setattr(kindex.retrieve, "_clock", lambda: now[0])
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    (kb / "t" / "a.md").write_text("# 退款政策\n\n退款说明。\n", encoding="utf-8")
+    (kb / "t" / "b.md").write_text("# 发票\n\n发票说明。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    real = searchindex.signature_of
+    fired: list[bool] = []
+
+    def racing(root: Path, themes: list[str]) -> tuple[tuple[str, int, int], ...]:
+        signature = real(root, themes)
+        if not fired:  # another writer's `doc` step completes right after the reader read the tables
+            fired.append(True)
+            (kb / "t" / "b.md").write_text("# 对公转账\n\n对公转账说明。\n", encoding="utf-8")
+            kindex.doc(kb, "t", "b.md")
+        return signature
+
+    monkeypatch.setattr(kindex.retrieve, "signature_of", racing)
+    handle = kindex.KnowledgeBase(kb)
+    assert handle.context("对公转账").fallback  # the load that raced answers from the tables it read
+    monkeypatch.setattr(kindex.retrieve, "signature_of", real)
+
+    ctx = handle.context("对公转账")
+    assert not ctx.fallback and ctx.items[0].path == "t/b.md"
