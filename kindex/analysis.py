@@ -27,13 +27,16 @@ from collections.abc import Iterable, Iterator
 import rjieba
 import Stemmer
 
-ANALYZER_VERSION = 2
+ANALYZER_VERSION = 3
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
-# Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-" or ".".
-# The separators are single characters between word characters, so the regex cannot backtrack.
-_TOKEN = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>[^\W{_HAN}]+(?:[-.][^\W{_HAN}_]+)*)")
+# Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an
+# apostrophe (what's, FastAPI's). The separators are single characters between word characters, so the regex
+# cannot backtrack.
+_TOKEN = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>[^\W{_HAN}]+(?:[-.'’][^\W{_HAN}_]+)*)")
+_CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
+"""English endings cut off a word ("FastAPI's" is about FastAPI); a whole contraction may be a stop word."""
 _PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[^\W\d_A-Za-z]+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 MAX_WORD = 64
@@ -63,6 +66,8 @@ _EN_STOP = frozenset(
     they them their of to in on for with at by from and or not no nor this that these those there here please
     thanks thank hi hello hey if then than so as into about any some all get got use using used just also too very
     via vs etc e.g i.e want need like way make does don't doesn't isn't ok okay yes yeah tell know think today
+    can't won't aren't wasn't weren't didn't hasn't haven't shouldn't couldn't wouldn't it's what's that's let's
+    there's here's who's where's how's i'm i've i'll i'd you're you've you'll we're we've they're they've
     """.split()
 )
 
@@ -103,9 +108,16 @@ def _stem(word: str) -> str:
 
 def _word_terms(word: str) -> Iterator[str]:
     """A Latin word, stemmed; an identifier whole (unstemmed) and each of its parts stemmed."""
+    word = word.replace("\u2019", "'")
     folded = word.casefold()
     if folded in _EN_STOP:
         return
+    if "'" in folded:
+        ending = next((e for e in _CONTRACTIONS if folded.endswith(e)), "")
+        if ending:
+            word, folded = word[: -len(ending)], folded[: -len(ending)]
+            if not folded or folded in _EN_STOP:
+                return
     parts = [p.casefold() for p in _PART.findall(word)]
     if len(parts) <= 1:
         yield _stem(folded)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import kindex
+import kindex.analysis
 import kindex.kb
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
@@ -350,3 +351,28 @@ def test_a_step_that_finishes_while_a_reader_loads_is_seen_by_its_next_call(
 
     ctx = handle.context("对公转账")
     assert not ctx.fallback and ctx.items[0].path == "t/b.md"
+
+
+def test_english_contractions_are_no_search_terms(tmp_path: Path) -> None:
+    kb = make_kb(
+        tmp_path,
+        {
+            "t/https.md": (
+                _doc("https.md", "HTTPS", "It's how a server proves who it is"),
+                "# HTTPS\n\nIt's how a server proves who it is. Let's see what's inside FastAPI's certificates.\n",
+            ),
+            **{f"t/{n}.md": (_doc(f"{n}.md", n, f"Page {n}"), f"# {n}\n\nPage {n}.\n") for n in "abcd"},
+        },
+    )
+    # Before, the apostrophe split "What's" into "what" and "s", and "s" matched every page with an "it's".
+    for small_talk in ("What's new?", "It's broken", "Let's go"):
+        assert kindex.search(kb, small_talk) == [], small_talk
+    assert kindex.search(kb, "FastAPI's certificates", min_relevance=0.0)[0].path == "t/https.md"
+    assert kindex.analysis.analyze("Don't use FastAPI’s BackgroundTasks") == [
+        "fastapi",
+        "fast",
+        "api",
+        "backgroundtasks",
+        "background",
+        "task",
+    ]
