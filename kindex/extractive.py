@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kindex.markdown import Line, lines
@@ -23,8 +23,11 @@ _CJK = re.compile(r"[\u3400-\u9fff]")
 _CJK_RUN = re.compile(r"([\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+)")
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{2,}")
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
-_MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
-_NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|\{%|import |\[\^)")
+_NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
+# An inline HTML tag (its text stays: <abbr title="…">CLI</abbr> reads CLI). No "<", ">" or line break inside, so
+# each match is found in one forward scan.
+_HTML_TAG = re.compile(r"</?[A-Za-z][^<>\n]*>")
+_RAW_BLOCKS = ("style", "script")
 _STOP = frozenset(
     [
         "the",
@@ -148,10 +151,8 @@ def _prose(text_lines: Sequence[Line]) -> str:
     Chinese is written without spaces, so a URL is cut out of its run of Latin characters, not with the whole
     space-separated token (which may be a whole Chinese line)."""
     kept: list[str] = []
-    for line in text_lines:
-        if line.fence is not None:
-            continue
-        for token in line.text.split():
+    for line in _readable(text_lines):
+        for token in line.split():
             pieces = _CJK_RUN.split(_without_link_targets(token))
             kept.append("".join(p for p in pieces if "://" not in p and "/" not in p))
     return " ".join(kept)
@@ -171,17 +172,30 @@ def _without_link_targets(token: str) -> str:
     return "".join(out)
 
 
+def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
+    """The lines a reader reads, HTML tags taken out: no fenced code, no ``<style>`` or ``<script>`` block (a page's
+    CSS is not its summary)."""
+    raw: str | None = None
+    for line in text_lines:
+        if line.fence is not None:
+            continue
+        low = line.text.lower()
+        if raw is not None:
+            if f"</{raw}>" in low:
+                raw = None
+            continue
+        opened = next((name for name in _RAW_BLOCKS if low.lstrip().startswith(f"<{name}")), None)
+        if opened is not None:
+            raw = None if f"</{opened}>" in low else opened
+            continue
+        yield _HTML_TAG.sub("", line.text)
+
+
 def first_paragraph(text: str) -> str:
     """The first paragraph that reads as prose, cut at a sentence boundary near ``SUMMARY_TARGET``."""
     para: list[str] = []
-    in_fence = False
-    for line in text.splitlines():
+    for line in _readable(lines(text)):
         stripped = line.strip()
-        if stripped.startswith(("```", "~~~")):
-            in_fence = not in_fence
-            continue
-        if in_fence:
-            continue
         if not stripped:
             if para:
                 break
@@ -190,7 +204,9 @@ def first_paragraph(text: str) -> str:
             if para:
                 break
             continue
-        para.append(_MD_LINK.sub(r"\1", stripped).replace("**", "").replace("`", ""))
+        # A link reads as its text. Not a regex: "[" repeated without "]" made one backtrack quadratically.
+        text = _without_link_targets(stripped).replace("![", "").replace("[", "").replace("]", "")
+        para.append(text.replace("**", "").replace("`", ""))
     joined = clean_text(" ".join(para), 10 * SUMMARY_MAX)
     return cut_sentence(joined, SUMMARY_TARGET)
 

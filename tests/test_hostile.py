@@ -149,6 +149,16 @@ def test_heading_parsing_is_linear(line: str) -> None:
     assert len(headings(line + "\n")) == 1  # seconds with the old regex; milliseconds now
 
 
+def test_a_document_of_brackets_is_summarised_in_linear_time(tmp_path: Path) -> None:
+    # The link regex of the offline summary backtracked on "[" without "]": minutes for this document.
+    doc = tmp_path / "t" / "a.md"
+    doc.parent.mkdir(parents=True)
+    doc.write_text("# 标题\n\n" + "[" * 250_000 + "\n", encoding="utf-8")
+    kindex.reindex(tmp_path)
+    entry = kindex.parse_index((tmp_path / "t" / "index.json").read_bytes())[0].documents[0]
+    assert entry.title == "标题" and entry.summary
+
+
 def test_a_fence_closes_only_with_its_own_kind() -> None:
     text = "~~~markdown\n```python\n# 退款脚本 第一步\n```\n~~~\n\n## 退款二级\n\n正文\n"
     assert headings(text) == ("退款二级",)

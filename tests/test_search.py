@@ -143,6 +143,23 @@ def test_extractive_tags_are_words_of_the_prose_not_of_urls_or_code(
     assert not not_tags & {t.casefold() for t in entry.tags}
 
 
+def test_extractive_summaries_read_html_as_its_text_and_skip_style_blocks(tmp_path: Path) -> None:
+    doc = tmp_path / "web" / "cli.md"
+    doc.parent.mkdir(parents=True)
+    doc.write_text(
+        "# CLI\n\n<style>\n.md-content h1 { display: none; }\n</style>\n\n/// details | 🌐 翻译说明\n\n"
+        '<abbr title="command line interface">CLI</abbr> 是一个<dfn title="工具">命令行程序</dfn>，'
+        'class 用来部署应用。<span class="termy">class</span>\n',
+        encoding="utf-8",
+    )
+    kindex.reindex(tmp_path)
+
+    entry = kindex.parse_index((tmp_path / "web" / "index.json").read_bytes())[0].documents[0]
+    assert entry.summary.startswith("CLI 是一个命令行程序")
+    assert "<" not in entry.summary and "display" not in entry.summary
+    assert not {"termy", "span", "abbr", "title"} & {t.casefold() for t in entry.tags}
+
+
 def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     analysed: list[str] = []
     real = searchindex._doc_fields
