@@ -215,6 +215,10 @@ def _run_to_end(coroutine: Callable[[], Coroutine[Any, Any, None]]) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        in_loop = False
+    else:
+        in_loop = True
+    if not in_loop:  # run outside the except block: a failure would otherwise be chained to "no running event loop"
         asyncio.run(coroutine())
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kindex-run") as pool:

@@ -278,10 +278,11 @@ def _no_connection(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     for _ in range(10):  # the chain of causes is short; bounded against a cycle
         if seen is None:
-            return False
+            break
         if isinstance(seen, ConnectionError) or type(seen).__name__ in ("ConnectError", "APIConnectionError"):
             return True
         seen = seen.__cause__ or seen.__context__
+    # Some versions of the stack drop the cause and say it only in the message (the OpenAI client's wording).
     return "Connection error" in str(exc)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import kindex
-from kindex import LiteLLMClient, ModelCallError, ModelError, Options
+from kindex import LiteLLMClient, ModelCallError, ModelError, Options, llm
 from kindex.generators import DOC_SCHEMA
 from tests.conftest import llm_settings
 from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
@@ -153,3 +153,14 @@ def test_a_refused_connection_is_reported_as_such_not_as_http_500(monkeypatch: p
         ModelCallError, match=rf"no connection after 1 attempts: cannot connect to http://127\.0\.0\.1:{port}/v1"
     ):
         asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
+
+
+def test_a_refused_connection_reported_only_in_the_message_is_no_connection_not_http_500() -> None:
+    # Seen from a fresh virtualenv: litellm's InternalServerError (status 500) with no cause chain, the refusal
+    # said only in the message. Before, this was reported as "InternalServerError (HTTP 500)".
+    class InternalServerError(Exception):
+        status_code = 500
+
+    exc = InternalServerError("litellm.InternalServerError: InternalServerError: OpenAIException - Connection error.")
+    assert llm._kind(exc) == "no connection"
+    assert llm._kind(InternalServerError("upstream failed")) == "InternalServerError (HTTP 500)"

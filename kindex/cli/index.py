@@ -194,7 +194,12 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
 @kb_arg
 @click.argument("dir_name", metavar="DIR")
 @click.argument("path", metavar="PATH")
-@click.option("--clear-dir", is_flag=True, help="Start DIR/index.json afresh (the first document of a theme).")
+@click.option(
+    "--clear-dir",
+    is_flag=True,
+    help="Start DIR/index.json afresh with only this document's entry (the first document of a theme); the theme's "
+    "other documents come back with `kindex doc` or `kindex sub` (until then `kindex validate` lists them).",
+)
 @model_opts
 def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> None:
     """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR."""
@@ -216,7 +221,7 @@ def preview(kb: str, as_json: bool, model: str | None) -> None:
     click.echo(f"root documents ({len(d['root_docs'])}): {', '.join(d['root_docs']) or '-'}")
     click.echo(f"themes ({len(d['top_dirs'])}):")
     for name, docs in d["top_dir_docs"].items():
-        click.echo(f"  {name}/  {len(docs)} documents")
+        click.echo(f"  {name}/  {len(docs)} document{'' if len(docs) == 1 else 's'}")
     click.echo(f"steps: 1 root + {p.steps_total - 1} documents = {p.steps_total}")
     gen = f"model {p.model}" if p.llm_configured else "extractive (offline, no model configured)"
     click.echo(f"generator: {gen}")
