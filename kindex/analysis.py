@@ -4,6 +4,11 @@
 - Chinese runs are cut into words by jieba-rs (``rjieba``: ~0.2 s to load and ~35 MB, against 1.3 s and ~85 MB for
   the pure-Python ``jieba``, with the same dictionary and algorithm). Long words also yield the dictionary words
   inside them (search mode), so ``中华人民共和国`` meets a question about ``共和国``.
+- Importing rjieba builds its 349,046-word dictionary (~0.12 s, most of a one-shot ``kindex context``). Until a
+  process has analysed ``LIGHT_BUDGET`` characters, each short text is cut by an empty rjieba segmenter given only
+  the dictionary words inside that text (looked up in ``zh_words.bin``, the same dictionary) and the dictionary's
+  total frequency: the same words, frequencies and algorithm, so the same cut. A question and a few theme entries
+  stay on that path; a reindex or a server moves to the full segmenter after a few texts.
 - A KB's own vocabulary (titles, tags, headings) is added on top of the shared segmenter: where consecutive words
   spell a vocabulary term (``企业`` + ``采购`` → ``企业采购``), the term is emitted as well. Keeping the segmenter
   itself shared means one process serves many KBs with one 35 MB dictionary, and each KB's analysis does not
@@ -19,12 +24,18 @@ Every step is linear in the input: one tokenizing regex without nested quantifie
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import re
+import struct
+import sys
+import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
-import rjieba
 import Stemmer
 
 ANALYZER_VERSION = 3
@@ -94,7 +105,141 @@ def background_rate(word: str) -> float:
 
     A word the dictionary does not hold gets the small frequency it would need to be cut whole.
     """
-    return max(int(rjieba.suggest_freq(word)), 1) / BACKGROUND_TOKENS
+    return max(int(_segmenter(word).suggest_freq(word)), 1) / BACKGROUND_TOKENS
+
+
+# -- the segmenter ------------------------------------------------------------------------------------------------
+
+LIGHT_BUDGET = 4_000
+"""Characters a process cuts on the light path before it builds the full segmenter (see the module docstring)."""
+_WORDS_FILE = Path(__file__).with_name("zh_words.bin")  # written by tools/build_zh_words.py
+_MAGIC = b"KXZW1\0\0\0"
+_MAX_WORD_CHARS = 16
+"""The longest word of the dictionary, in characters."""
+
+
+class _Dictionary:
+    """The dictionary of ``zh_words.bin``: its words' UTF-8 bytes sorted bytewise, their frequencies, its total.
+    Lookups bisect the table as it lies in memory, so nothing is built when it is loaded."""
+
+    def __init__(self, data: bytes) -> None:
+        n, self.total = struct.unpack_from("<IQ", data, len(_MAGIC))
+        start = len(_MAGIC) + 16
+        view = memoryview(data)
+        self.offsets = view[start : start + 4 * (n + 1)].cast("I")
+        self.freqs = view[start + 4 * (n + 1) : start + 4 * (2 * n + 1)].cast("I")
+        self.words = data[start + 4 * (2 * n + 1) :]
+        self.n = n
+
+    def _word(self, i: int) -> bytes:
+        return self.words[self.offsets[i] : self.offsets[i + 1]]
+
+    def lookup(self, key: bytes) -> tuple[bool, int]:
+        """(whether some word starts with ``key``, the frequency of ``key`` itself or 0)."""
+        lo, hi = 0, self.n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._word(mid) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == self.n:
+            return False, 0
+        word = self._word(lo)
+        return word.startswith(key), self.freqs[lo] if word == key else 0
+
+
+class _Segmenters:
+    """The full segmenter (rjieba, built on first need) and the light path before it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._full: Any = None
+        self._light: tuple[_Dictionary, Any] | bool | None = False  # False: not tried yet; None: unavailable
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def full(self) -> Any:
+        if self._full is None:
+            with self._lock:
+                if self._full is None:
+                    import rjieba  # builds the whole dictionary: ~0.12 s and ~35 MB
+
+                    self._full = rjieba
+                    self._light = None  # the table is not needed any more (5.8 MB)
+        return self._full
+
+    def for_text(self, text: str) -> Any:
+        """A segmenter that cuts ``text`` (and any part of it) as rjieba does."""
+        if self._full is not None or self._used + len(text) > LIGHT_BUDGET:
+            return self.full()
+        light = self._light_parts()
+        if light is None:
+            return self.full()
+        self._used += len(text)  # racing threads may count a little less: the budget only bounds the light path
+        dictionary, jieba = light
+        segmenter = jieba.empty()
+        added = 0
+        seen: set[str] = set()
+        for i in range(len(text)):
+            for j in range(i + 1, min(len(text), i + _MAX_WORD_CHARS) + 1):
+                piece = text[i:j]
+                is_prefix, freq = dictionary.lookup(piece.encode("utf-8"))
+                if freq and piece not in seen:
+                    seen.add(piece)
+                    segmenter.add_word(piece, freq, None)
+                    added += freq
+                if not is_prefix:
+                    break
+        # The rest of the dictionary's weight, on a word no text holds: a route's probability is a word's frequency
+        # over the total, so the cut is the full segmenter's.
+        segmenter.add_word("\ue000", dictionary.total - added, None)
+        return segmenter
+
+    def _light_parts(self) -> tuple[_Dictionary, Any] | None:
+        if self._light is False:
+            with self._lock:
+                if self._light is False:
+                    self._light = _load_light()
+        return self._light if isinstance(self._light, tuple) else None
+
+
+def _load_light() -> tuple[_Dictionary, Any] | None:
+    """The dictionary table and rjieba's segmenter class, loaded without rjieba's package, whose import builds the
+    full dictionary; ``None`` when either is missing (the full segmenter then serves every text)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        data = _WORDS_FILE.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(_MAGIC):
+        return None
+    jieba = sys.modules["rjieba"].Jieba if "rjieba" in sys.modules else _jieba_class()
+    return (_Dictionary(data), jieba) if jieba is not None else None
+
+
+def _jieba_class() -> Any:
+    """rjieba's compiled ``Jieba`` class, its package's ``__init__`` not run. Registered as ``rjieba.rjieba``, so a
+    later ``import rjieba`` uses this module instead of loading the library a second time."""
+    spec = importlib.util.find_spec("rjieba")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(folder) / f"rjieba{suffix}"
+            if path.is_file():
+                ext = importlib.util.spec_from_file_location("rjieba.rjieba", path)
+                if ext is None or ext.loader is None:
+                    return None
+                module = importlib.util.module_from_spec(ext)
+                ext.loader.exec_module(module)
+                sys.modules["rjieba.rjieba"] = module
+                return module.Jieba
+    return None
+
+
+_SEGMENTERS = _Segmenters()
+_segmenter = _SEGMENTERS.for_text
 
 
 def _stem(word: str) -> str:
@@ -128,24 +273,25 @@ def _word_terms(word: str) -> Iterator[str]:
             yield _stem(p)
 
 
-def _search_words(word: str) -> Iterator[str]:
+def _search_words(word: str, segmenter: Any) -> Iterator[str]:
     """The dictionary words of two and three characters inside a long word (jieba's search mode)."""
     for size in (2, 3):
         if len(word) > size:
             for i in range(len(word) - size + 1):
                 gram = word[i : i + size]
-                if rjieba.has_word(gram) and gram not in _ZH_STOP:
+                if segmenter.has_word(gram) and gram not in _ZH_STOP:
                     yield gram
 
 
 def _han_terms(run: str, vocab: frozenset[str]) -> Iterator[str]:
-    words = rjieba.cut(run)
+    segmenter = _segmenter(run)
+    words = segmenter.cut(run)
     for w in words:
         if w in _ZH_STOP:
             continue
         yield w
         if len(w) > 2:
-            yield from _search_words(w)
+            yield from _search_words(w, segmenter)
     if vocab and len(words) > 1:
         for i in range(len(words) - 1):
             joined = words[i]
@@ -191,7 +337,7 @@ def vocabulary(phrases: Iterable[str]) -> frozenset[str]:
             run = m.group("han")
             if run is None or not 2 <= len(run) <= MAX_VOCAB_TERM:
                 continue
-            words = [w for w in rjieba.cut(run) if w not in _ZH_STOP]
+            words = [w for w in _segmenter(run).cut(run) if w not in _ZH_STOP]
             if len(words) > 1 and "".join(words) == run:
                 out.add(run)
     return frozenset(out)

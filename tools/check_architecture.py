@@ -56,6 +56,8 @@ LAZY_ALLOWED = {
     "kindex.queue.worker",
     # Frontmatter is parsed by the scan only; the read path (`kindex context`) does not pay for loading PyYAML.
     "yaml",
+    # Importing rjieba builds its whole dictionary; a one-shot question is cut without it (kindex.analysis).
+    "rjieba",
 }
 # Exceptions that are a framework's protocol, not a failure kindex reports: Celery's Reject hands a message back
 # to the queue.

@@ -1,0 +1,68 @@
+"""The light path of Chinese segmentation cuts exactly as rjieba does, and a one-shot question never builds rjieba."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rjieba
+
+from kindex import analysis
+
+FIXED = [
+    "今天上海会下雨吗出门要不要带伞",
+    "主从复制怎么配置",
+    "word怎么自动生成目录",
+    "如何配置限流插件并且设置每秒请求数",
+    "中华人民共和国成立了",
+    "手机上记的账电脑上怎么看不到",
+    "锟斤拷烫烫烫屯屯屯",  # rare characters: the HMM's territory
+    "𠀀𠀁𠀂测试",
+]
+
+
+def _han_runs(sample_kb: Path) -> list[str]:
+    texts = [p.read_text(encoding="utf-8") for p in sorted(sample_kb.rglob("*.md"))]
+    runs = [m.group("han") for t in texts for m in analysis._TOKEN.finditer(t) if m.group("han")]
+    return FIXED + runs
+
+
+def test_the_light_path_cuts_exactly_as_rjieba(sample_kb: Path) -> None:
+    runs = _han_runs(sample_kb)
+    assert len(runs) > 500
+    for run in runs:
+        light = analysis._Segmenters()  # a fresh budget: every text on the light path
+        segmenter = light.for_text(run)
+        assert segmenter is not rjieba, "the light path is unavailable"
+        assert segmenter.cut(run) == rjieba.cut(run), run
+        assert segmenter.cut_for_search(run) == rjieba.cut_for_search(run), run
+        pieces = {run[i : i + n] for n in (1, 2, 3, 4) for i in range(len(run) - n + 1)}
+        for piece in pieces | set(rjieba.cut(run)):
+            assert segmenter.has_word(piece) == rjieba.has_word(piece), piece
+            assert segmenter.suggest_freq(piece) == rjieba.suggest_freq(piece), piece
+
+
+def test_after_its_budget_a_process_uses_the_full_segmenter() -> None:
+    segmenters = analysis._Segmenters()
+    assert segmenters.for_text("退款多久到账") is not rjieba
+    assert segmenters.for_text("退" * analysis.LIGHT_BUDGET) is rjieba
+    assert segmenters.for_text("退款") is rjieba  # and stays there
+
+
+@pytest.mark.slow
+def test_a_one_shot_question_does_not_build_the_full_dictionary(sample_kb: Path) -> None:
+    import kindex
+
+    kindex.reindex(sample_kb)
+    script = (
+        "import sys\n"
+        "from kindex.cli import main\n"
+        "try:\n"
+        f"    main(['context', {str(sample_kb)!r}, '退款一般多久能到账'], standalone_mode=False)\n"
+        "finally:\n"
+        "    print('rjieba built:', 'rjieba' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert "退款政策" in done.stdout and done.stdout.rstrip().endswith("rjieba built: False")
