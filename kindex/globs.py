@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from wcmatch import glob as wcglob
+if TYPE_CHECKING:  # imported where a glob is compiled: most questions name no file (~12 ms of `kindex context`)
+    from wcmatch import glob as wcglob
 
 # A path-like token: has a folder separator or a file extension; Windows separators are accepted.
 _PATH_IN_TEXT = re.compile(
@@ -41,16 +43,18 @@ MAX_PATH_CHARS = 4096
 MAX_PATH_SEGMENTS = 64
 MAX_GLOBSTARS = 2
 _BRACE_LIMIT = 64
-_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.IGNORECASE | wcglob.MATCHBASE | wcglob.DOTGLOB
 
 
 @lru_cache(maxsize=4096)
 def _compile(glob: str) -> wcglob.WcMatcher[str] | None:
+    from wcmatch import glob as wcglob
+
     glob = normalize_path(glob)
     if not glob or glob.count("**") > MAX_GLOBSTARS:
         return None
+    flags = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.IGNORECASE | wcglob.MATCHBASE | wcglob.DOTGLOB
     try:
-        return wcglob.compile([glob], flags=_FLAGS, limit=_BRACE_LIMIT)
+        return wcglob.compile([glob], flags=flags, limit=_BRACE_LIMIT)
     except Exception:  # wcmatch raises assorted errors (brace limit, bad pattern) for globs it cannot use
         return None
 

@@ -58,6 +58,8 @@ LAZY_ALLOWED = {
     "yaml",
     # Importing rjieba builds its whole dictionary; a one-shot question is cut without it (kindex.analysis).
     "rjieba",
+    # Compiled only when a glob is matched: most questions name no file.
+    "wcmatch",
 }
 # Exceptions that are a framework's protocol, not a failure kindex reports: Celery's Reject hands a message back
 # to the queue.
