@@ -66,3 +66,14 @@ def test_a_one_shot_question_does_not_build_the_full_dictionary(sample_kb: Path)
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert "退款政策" in done.stdout and done.stdout.rstrip().endswith("rjieba built: False")
+
+
+@pytest.mark.parametrize("table", [None, b"not a table", b""])
+def test_without_a_usable_word_table_the_full_segmenter_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None
+) -> None:
+    path = tmp_path / "zh_words.bin"
+    if table is not None:
+        path.write_bytes(table)
+    monkeypatch.setattr(analysis, "_WORDS_FILE", path)
+    assert analysis._Segmenters().for_text("退款多久到账") is rjieba

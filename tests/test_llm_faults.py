@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import kindex
-from kindex import LiteLLMClient, ModelCallError, ModelError, Options, llm
+from kindex import LiteLLMClient, LLMSettings, ModelCallError, ModelError, Options, llm
 from kindex.generators import DOC_SCHEMA
 from tests.conftest import llm_settings
 from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
@@ -124,6 +124,15 @@ def test_a_missing_api_key_stops_at_once_naming_the_variable(sample_kb: Path, mo
 
     assert result.exit_code == 1 and "needs OPENAI_API_KEY" in result.stderr
     assert not (sample_kb / "index.json").exists()
+
+
+def test_a_library_call_fails_with_the_error_alone(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sync API runs the step outside its "is a loop running?" check: the error is not chained to the
+    # RuntimeError that check raises (a traceback that read "no running event loop" first).
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ModelError, match="needs OPENAI_API_KEY") as raised:
+        kindex.reindex(sample_kb, Options(llm=LLMSettings(model="openai/gpt-4o-mini")))
+    assert raised.value.__context__ is None and raised.value.__cause__ is None
 
 
 def test_a_local_endpoint_needs_no_key(sample_kb: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,11 @@ def kb_arg(f: F) -> F:
     return click.argument("kb", type=click.Path(path_type=str))(f)
 
 
+def kb_root_opt(help: str) -> Callable[[F], F]:
+    """``--kb-root``: the existing folder holding one KB per agent (``serve``, ``worker``)."""
+    return click.option("--kb-root", required=True, type=click.Path(file_okay=False, exists=True), help=help)
+
+
 def json_opt(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
 

@@ -11,18 +11,14 @@ from pathlib import Path
 import click
 
 from kindex.cli.index import concurrency_opt
+from kindex.cli.options import kb_root_opt
 from kindex.errors import KindexError, UsageError
 from kindex.hosts import loopback
 from kindex.jsonlog import LOG_CONFIG
 
 
 @click.command()
-@click.option(
-    "--kb-root",
-    required=True,
-    type=click.Path(file_okay=False, exists=True),
-    help="Folder holding one knowledge folder per agent: KB-ROOT/<agent_id>/.",
-)
+@kb_root_opt("Folder holding one knowledge folder per agent: KB-ROOT/<agent_id>/.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="0 picks a free port.")
 @concurrency_opt
@@ -97,12 +93,7 @@ def _redacted(url: str) -> str:
 
 
 @click.command()
-@click.option(
-    "--kb-root",
-    required=True,
-    type=click.Path(file_okay=False, exists=True),
-    help="The same agents' folder the API replicas serve (shared storage when they run on other machines).",
-)
+@kb_root_opt("The same agents' folder the API replicas serve (shared storage when they run on other machines).")
 @click.option(
     "--queue",
     envvar="KINDEX_QUEUE",
