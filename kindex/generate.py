@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kindex import extractive, searchindex, skillmodel
+from kindex.cache import Cache
 from kindex.config import DEFAULTS
 from kindex.errors import AnswerError, CancelledRun, GenerationFailed, InterruptedRun, KBNotFoundError, UsageError
 from kindex.generators import (
@@ -38,7 +39,7 @@ from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from,
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import Cache, read_index, root_index_path, theme_index_path, write_index
+from kindex.store import read_index, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")

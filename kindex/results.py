@@ -116,10 +116,6 @@ class Plan(Result):
 class ContextItem(Result):
     """One chosen document (or theme) and why it was chosen."""
 
-    # Built at import, not on first use: every context and search makes these (with model_construct, which would
-    # not trigger a deferred build), and other serialisers (the MCP SDK's) read the schema directly.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=False)
-
     path: str
     level: str
     score: float
@@ -146,8 +142,6 @@ class SkillClosure(Result):
 
 class Context(Result):
     """What BuildContext hands the agent: the prompt text and the items it was assembled from."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=False)  # built at import, like ContextItem
 
     text: str = Field(description="The prompt text: each chosen document under a header naming its path.")
     items: tuple[ContextItem, ...]

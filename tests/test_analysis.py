@@ -68,7 +68,17 @@ def test_a_one_shot_question_does_not_build_the_full_dictionary(sample_kb: Path)
     assert "退款政策" in done.stdout and done.stdout.rstrip().endswith("rjieba built: False")
 
 
-@pytest.mark.parametrize("table", [None, b"not a table", b""])
+@pytest.mark.parametrize(
+    "table",
+    [
+        None,
+        b"not a table",
+        b"",
+        analysis._MAGIC + b"\x01",
+        analysis._WORDS_FILE.read_bytes()[:4000],
+        analysis._WORDS_FILE.read_bytes()[:-1],
+    ],
+)
 def test_without_a_usable_word_table_the_full_segmenter_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None
 ) -> None:

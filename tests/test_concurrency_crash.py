@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 import kindex
-from kindex.store import CACHE_FILE, STATE_DIR
+from kindex.cache import CACHE_FILE
+from kindex.store import STATE_DIR
 from tests.conftest import REPO
 from tests.fakeclient import FakeClient
 from tests.fakellm import FakeLLM, Reply, well_behaved

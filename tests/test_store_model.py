@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from kindex import AnswerError, DocItem, Index, ThemeItem, parse_index
+from kindex.cache import Cache
 from kindex.records import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
 from kindex.sanitize import doc_entry
-from kindex.store import Cache, atomic_write
+from kindex.store import atomic_write
 
 
 def _doc(path: str, title: str, summary: str, tags: tuple[str, ...] = (), paths: tuple[str, ...] = ()) -> DocItem:

@@ -31,6 +31,7 @@ LAYERS: list[list[str]] = [
         "kindex.sanitize",
         "kindex.scan",
         "kindex.store",
+        "kindex.cache",
         "kindex.lock",
     ],
     ["kindex.llm", "kindex.skillmodel", "kindex.fitting"],
@@ -60,6 +61,8 @@ LAZY_ALLOWED = {
     "rjieba",
     # Compiled only when a glob is matched: most questions name no file.
     "wcmatch",
+    # Read only when a KB has a kindex.toml.
+    "tomllib",
 }
 # Exceptions that are a framework's protocol, not a failure kindex reports: Celery's Reject hands a message back
 # to the queue.

@@ -1,0 +1,124 @@
+"""The answer cache: model answers already paid for, in an SQLite database under ``<kb>/.kindex/``.
+
+Every answer received is committed the moment it arrives, so a killed run loses nothing it paid for, and no crash
+can tear a record. Only generation opens it: the read path never imports SQLite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kindex.errors import KBNotFoundError
+from kindex.store import STATE_DIR
+
+CACHE_FILE = "answers.sqlite"
+LEGACY_CACHE_FILE = "cache.jsonl"
+
+
+class Cache:
+    """Model answers already paid for, keyed by what determines them (content, model, prompt, settings).
+
+    An SQLite database in WAL mode under ``.kindex/``: each answer is committed the moment it arrives, so a killed
+    run loses nothing it paid for, and a crash mid-write cannot tear a record (an append-only log could, and then
+    lost the next answer too). Answers are labelled by document: a new answer for a document replaces its older
+    ones, so ``doc`` and ``sub`` steps do not grow the cache without bound.
+    """
+
+    def __init__(self, kb: Path) -> None:
+        self.path = kb / STATE_DIR / CACHE_FILE
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._db: sqlite3.Connection | None = None
+        if self.path.is_file():
+            self._read()
+        legacy = kb / STATE_DIR / LEGACY_CACHE_FILE
+        if legacy.is_file():
+            self._import_legacy(legacy)
+
+    def _import_legacy(self, legacy: Path) -> None:
+        """Answers from the JSON-lines log of earlier versions, moved in once: they were paid for."""
+        try:
+            lines = legacy.read_bytes().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line torn by a killed run
+            if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("value"), dict):
+                self.put(rec["key"], rec["value"])
+        with contextlib.suppress(OSError):
+            legacy.unlink()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            try:
+                # Only .kindex itself: creating its parents would recreate a KB deleted during the run.
+                self.path.parent.mkdir(exist_ok=True)
+            except FileNotFoundError:
+                raise KBNotFoundError(
+                    "the knowledge folder disappeared during the run: nothing more was written"
+                ) from None
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
+            self._db = db
+        return self._db
+
+    def _read(self) -> None:
+        try:
+            rows = self._connect().execute("SELECT key, value FROM answers").fetchall()
+        except sqlite3.DatabaseError:
+            # A damaged cache is only money already spent: start a new one rather than fail the run.
+            self.close()
+            with contextlib.suppress(OSError):
+                self.path.rename(self.path.with_suffix(".damaged"))
+            return
+        for key, value in rows:
+            try:
+                obj = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                self._entries[key] = obj
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, value: Mapping[str, Any], label: str = "") -> None:
+        """Record an answer and commit it at once; older answers with the same non-empty ``label`` are dropped."""
+        self._entries[key] = dict(value)
+        db = self._connect()
+        with db:  # one transaction: the new answer and the removal of the ones it supersedes
+            db.execute("BEGIN IMMEDIATE")
+            if label:
+                db.execute("DELETE FROM answers WHERE label = ? AND key != ?", (label, key))
+            db.execute(
+                "INSERT OR REPLACE INTO answers (key, label, value) VALUES (?, ?, ?)", (key, label, orjson.dumps(value))
+            )
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def compact(self, live: set[str]) -> None:
+        """Keep only the ``live`` keys, dropping superseded and orphaned answers."""
+        dead = [k for k in self._entries if k not in live]
+        if not dead:
+            return
+        db = self._connect()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in dead])
+        for k in dead:
+            del self._entries[k]
+        self.close()
