@@ -67,6 +67,12 @@ BODY_COVER = 0.5
 UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
+MIN_SUBJECT = 0.5
+"""Besides a share of its weight, an on-topic question must share with a document at least this much of a subject
+of the KB (:func:`subject`: a Chinese word the KB uses far more than general Chinese does counts 1, a name 1, a word
+only passing in the document's body less). Covering all of a question whose other words the KB never uses is not
+enough when what is covered is 推荐 or 期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么). Chosen on the dev sets, in the
+middle of the range where no on-topic question fell back (0.4 to 1): off-topic 144 → 152 of 155 fell back."""
 GENERAL_WORD_RANK = 0.5
 """What a Chinese word as common in the KB as in general Chinese adds to a ranking, against a word specific to the KB
 (see :func:`specificity`): 配置, 问题, 使用 tell documents apart less than their rarity in the KB alone suggests."""
@@ -124,6 +130,10 @@ class _Row:
     1 for a word specific to the KB and for every other term)."""
     weighted_cover: npt.NDArray[np.float32]
     """``weight`` times ``cover``: what the term adds, per document, to the covered share of a question."""
+    subject: float
+    """How far the term names a subject of the KB (:func:`subject`)."""
+    subject_cover: npt.NDArray[np.float32]
+    """``subject`` times ``cover``: what the term adds, per document, to the subject a question shares with it."""
 
 
 _NO_DOCS = np.zeros(0, np.int32)
@@ -260,6 +270,7 @@ class _Term:
     """The documents holding the term in any field, sorted."""
     cover: npt.NDArray[np.float32]
     """Per document of ``docs``: the share of the term's weight it covers (:attr:`_Row.cover`)."""
+    subject: float
 
     @property
     def df(self) -> int:
@@ -273,12 +284,21 @@ class _Scored:
     per_term: list[_Term]
     covered: npt.NDArray[np.float32]
     """Per document, the informative weight of the question's terms it covers."""
+    subjects: npt.NDArray[np.float32]
+    """Per document, how much of a subject of the KB it shares with the question (:attr:`_Row.subject_cover`)."""
     total: float
     """The question's informative weight."""
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
         return self.covered / self.total if self.total else self.covered
+
+    def on_topic(self, docs: npt.NDArray[np.intp], min_relevance: float) -> bool:
+        """Whether one of ``docs`` covers ``min_relevance`` of the question and shares ``MIN_SUBJECT`` of a subject
+        with it (0 turns the decision off: every document that matches at all is on topic)."""
+        if not len(docs) or not min_relevance:
+            return bool(len(docs))
+        return bool(np.any(_relevant(self.cover()[docs], self.subjects[docs], min_relevance)))
 
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
         """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
@@ -304,8 +324,20 @@ def specificity(term: str, kb_rate: float, named: bool = False) -> float:
     return min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
 
 
+def _relevant(
+    cover: npt.NDArray[np.float32], subjects: npt.NDArray[np.float32], min_relevance: float
+) -> npt.NDArray[np.bool_]:
+    return (cover >= min_relevance) & (subjects >= MIN_SUBJECT)
+
+
 def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
-    """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
+    """How much ``term`` says about what a question is about: its rarity in the KB times how far it names a subject
+    of the KB (:func:`subject`); a Latin-script name counts ``NAME_WEIGHT`` times."""
+    return idf * subject(term, df, kb_rate, named) * (1.0 if has_han(term) else NAME_WEIGHT)
+
+
+def subject(term: str, df: int, kb_rate: float, named: bool = False) -> float:
+    """How far ``term`` names a subject of the KB, 0 to 1 (``df``: the documents holding it).
 
     Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
     tell its documents apart and is more often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full
@@ -316,15 +348,15 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = Fa
     ``SPECIFIC_RATIO`` times the background rate or more counts fully and the background rate or less not at all
     (名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), unless a document is ``named``
     by it (in its title or tags: 时区 in a database manual is an everyday word and a chapter). A Latin-script word
-    the KB never uses names something else (git, MySQL, Django) and keeps its full weight.
+    the KB never uses names something else (git, MySQL, Django) and counts fully.
     """
     if term.isdigit():
         return 0.0
     if not has_han(term):
-        return NAME_WEIGHT * idf
+        return 1.0
     if df == 0:
-        return UNSEEN_HAN_WEIGHT * idf
-    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * idf * specificity(term, kb_rate, named)
+        return UNSEEN_HAN_WEIGHT
+    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * specificity(term, kb_rate, named)
 
 
 def _bounded(message: str) -> str:
@@ -363,7 +395,8 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
         weight = informative(term, idf, 0, 0.0)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES)
+        unseen = subject(term, 0, 0.0)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES, unseen, _NO_VALUES)
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
@@ -395,8 +428,11 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate = occurrences / loaded.tokens
     weight = informative(term, idf, len(docs), kb_rate, named)
+    subj = subject(term, len(docs), kb_rate, named)
     rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate, named) if has_han(term) else 1.0
-    row = _Row(docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover)
+    row = _Row(
+        docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover, subj, subj * cover
+    )
     loaded.rows[term] = row
     return row
 
@@ -406,6 +442,7 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     covered = np.zeros(n, dtype=np.float32)
+    subjects = np.zeros(n, dtype=np.float32)
     total = 0.0
     per_term: list[_Term] = []
     for term in terms:
@@ -419,18 +456,24 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
             if row.weight:
                 np.add.at(covered, row.docs, row.weighted_cover)
+                np.add.at(subjects, row.docs, row.subject_cover)
         total += row.weight
-        per_term.append(_Term(term, row.idf, row.weight, row.docs, row.cover))
-    return _Scored(terms, scores, per_term, covered, total)
+        per_term.append(_Term(term, row.idf, row.weight, row.docs, row.cover, row.subject))
+    return _Scored(terms, scores, per_term, covered, subjects, total)
 
 
-def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """BM25 scores of the theme entries, and the share of the question's informative weight each covers."""
+_Floats = npt.NDArray[np.float32]
+
+
+def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[_Floats, _Floats, _Floats]:
+    """BM25 scores of the theme entries, the share of the question's informative weight each covers, and how much
+    of a subject of the KB each shares with the question (a theme entry holding a term counts as a document's)."""
     k = len(loaded.theme_terms)
     scores = np.zeros(k + 1, dtype=np.float32)  # the extra slot serves root documents (theme -1)
     cover = np.zeros(k + 1, dtype=np.float32)
+    subjects = np.zeros(k + 1, dtype=np.float32)
     if not k:
-        return scores, cover
+        return scores, cover, subjects
     for t in scored.per_term:
         row = loaded.theme_rows.get(t.term)
         if row is None:
@@ -446,9 +489,10 @@ def _theme_scores(loaded: _Loaded, scored: _Scored) -> tuple[npt.NDArray[np.floa
         themes, gain = row
         scores[themes] += gain  # a theme entry is once in a term's postings
         cover[themes] += t.weight
+        subjects[themes] += t.subject
     if scored.total:
         cover /= scored.total
-    return scores, cover
+    return scores, cover, subjects
 
 
 @dataclass(slots=True)
@@ -494,8 +538,8 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
             if glob is not None:
                 hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
-    if len(candidates) and float(scored.cover()[candidates].max()) >= min_relevance:
-        t_scores, _ = _theme_scores(loaded, scored)
+    if scored.on_topic(candidates, min_relevance):
+        t_scores, _, _ = _theme_scores(loaded, scored)
         final = scored.scores[candidates] + THEME_PRIOR * t_scores[loaded.theme_of[candidates]]
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
             keep = np.nonzero(final >= np.partition(final, len(final) - limit)[len(final) - limit])[0]
@@ -578,10 +622,11 @@ class Retriever:
         held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
         items = [h.item(m) for h, m in zip(hits, held, strict=True)]
         if themes and loaded.index.themes:
-            t_scores, t_cover = _theme_scores(loaded, scored)
+            t_scores, t_cover, t_subjects = _theme_scores(loaded, scored)
             on_topic = any(h.reason == "matched" for h in hits)
+            relevant = _relevant(t_cover, t_subjects, min_relevance)
             for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
-                if on_topic or t_cover[i] >= min_relevance:
+                if on_topic or not min_relevance or relevant[i]:
                     t = loaded.index.themes[i]
                     matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
                     items.append(

@@ -78,6 +78,15 @@ def test_off_topic_messages_get_the_overview(indexed: Path, message: str) -> Non
     assert kindex.search(indexed, message) == []
 
 
+def test_a_question_sharing_only_general_words_with_the_kb_falls_back(indexed: Path) -> None:
+    # 期间 is in the KB but no more than in general Chinese; 减肥 and 晚饭 the KB never uses. Covering all of what the
+    # KB knows of the question is not sharing a subject with it.
+    message = "减肥期间晚饭吃什么"
+    assert kindex.build_context(indexed, message).fallback
+    assert kindex.search(indexed, message, themes=True) == []
+    assert kindex.search(indexed, message, min_relevance=0.0)[0].matched == ("期间",)  # 0: no decision, a ranking
+
+
 def test_the_relevance_threshold_is_a_setting(indexed: Path) -> None:
     message = "Kubernetes 上能退款吗"  # a name the KB never uses: half the question is not covered
     assert not kindex.build_context(indexed, message, min_relevance=0.0).fallback
