@@ -39,7 +39,7 @@ from typing import Any
 
 import Stemmer
 
-ANALYZER_VERSION = 3
+ANALYZER_VERSION = 4
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -348,7 +348,10 @@ def vocabulary(phrases: Iterable[str]) -> frozenset[str]:
             run = m.group("han")
             if run is None or not 2 <= len(run) <= MAX_VOCAB_TERM:
                 continue
-            words = [w for w in _segmenter(run).cut(run) if w not in _ZH_STOP]
-            if len(words) > 1 and "".join(words) == run:
+            segmenter = _segmenter(run)
+            pieces = segmenter.cut(run)
+            # A piece that is a stop word makes a phrase, not a term (数据的导入), unless the whole run is a word
+            # of the dictionary that its frequencies cut apart: 时区 is 时 (a stop word) and 区 everywhere else.
+            if len(pieces) > 1 and (not _ZH_STOP.intersection(pieces) or segmenter.has_word(run)):
                 out.add(run)
     return frozenset(out)

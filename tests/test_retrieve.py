@@ -380,3 +380,17 @@ def test_english_contractions_are_no_search_terms(tmp_path: Path) -> None:
         "background",
         "task",
     ]
+
+
+def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
+    # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
+    kb = make_kb(
+        tmp_path,
+        {
+            "t/timezone.md": (_doc("timezone.md", "时区", "数据库的时区设置"), "# 时区\n\n按客户端时区解析时间。"),
+            "t/region.md": (_doc("region.md", "区域", "按区域划分存储"), "# 区域\n\n每个区一个副本。"),
+            "t/backup.md": (_doc("backup.md", "备份", "备份与恢复"), "# 备份\n\n定期备份。"),
+        },
+    )
+    ctx = kindex.build_context(kb, "时区")
+    assert not ctx.fallback and ctx.items[0].path == "t/timezone.md" and "时区" in ctx.items[0].matched
