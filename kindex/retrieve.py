@@ -132,8 +132,6 @@ class _Row:
     """``weight`` times ``cover``: what the term adds, per document, to the covered share of a question."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
-    subject_cover: npt.NDArray[np.float32]
-    """``subject`` times ``cover``: what the term adds, per document, to the subject a question shares with it."""
 
 
 _NO_DOCS = np.zeros(0, np.int32)
@@ -284,8 +282,6 @@ class _Scored:
     per_term: list[_Term]
     covered: npt.NDArray[np.float32]
     """Per document, the informative weight of the question's terms it covers."""
-    subjects: npt.NDArray[np.float32]
-    """Per document, how much of a subject of the KB it shares with the question (:attr:`_Row.subject_cover`)."""
     total: float
     """The question's informative weight."""
 
@@ -298,7 +294,35 @@ class _Scored:
         with it (0 turns the decision off: every document that matches at all is on topic)."""
         if not len(docs) or not min_relevance:
             return bool(len(docs))
-        return bool(np.any(_relevant(self.cover()[docs], self.subjects[docs], min_relevance)))
+        cover = self.cover()[docs]
+        best = int(np.argmax(cover))
+        if cover[best] < min_relevance:
+            return False
+        if self._subject_of(int(docs[best])) >= MIN_SUBJECT:
+            return True  # most questions: the best-covering document settles it
+        return bool(np.any(self.subjects(docs[cover >= min_relevance]) >= MIN_SUBJECT))
+
+    def _subject_of(self, doc: int) -> float:
+        """:meth:`subjects` of one document, in scalars: a few term lookups, not a few array passes."""
+        shared = 0.0
+        for t in self.per_term:
+            if t.subject and t.df:
+                i = int(t.docs.searchsorted(doc))
+                if i < t.df and t.docs[i] == doc:
+                    shared += t.subject * float(t.cover[i])
+        return shared
+
+    def subjects(self, docs: npt.NDArray[np.intp]) -> npt.NDArray[np.float32]:
+        """Per document of ``docs``, how much of a subject of the KB it shares with the question: each term's
+        :func:`subject` times the document's cover of it. Worked out only for the documents that cover enough of
+        the question (see :meth:`on_topic`), not summed on every call over every document a term is in."""
+        out = np.zeros(len(docs), np.float32)
+        for t in self.per_term:
+            if t.subject and t.df and len(docs):
+                pos = np.minimum(t.docs.searchsorted(docs), t.df - 1)
+                held = t.docs[pos] == docs
+                out[held] += t.subject * t.cover[pos[held]]
+        return out
 
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
         """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
@@ -322,12 +346,6 @@ def specificity(term: str, kb_rate: float, named: bool = False) -> float:
         return 1.0
     ratio = kb_rate / background_rate(term)
     return min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
-
-
-def _relevant(
-    cover: npt.NDArray[np.float32], subjects: npt.NDArray[np.float32], min_relevance: float
-) -> npt.NDArray[np.bool_]:
-    return (cover >= min_relevance) & (subjects >= MIN_SUBJECT)
 
 
 def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
@@ -395,8 +413,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
         weight = informative(term, idf, 0, 0.0)
-        unseen = subject(term, 0, 0.0)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES, unseen, _NO_VALUES)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
@@ -430,9 +447,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     weight = informative(term, idf, len(docs), kb_rate, named)
     subj = subject(term, len(docs), kb_rate, named)
     rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate, named) if has_han(term) else 1.0
-    row = _Row(
-        docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover, subj, subj * cover
-    )
+    row = _Row(docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover, subj)
     loaded.rows[term] = row
     return row
 
@@ -442,7 +457,6 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     covered = np.zeros(n, dtype=np.float32)
-    subjects = np.zeros(n, dtype=np.float32)
     total = 0.0
     per_term: list[_Term] = []
     for term in terms:
@@ -456,10 +470,9 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
             if row.weight:
                 np.add.at(covered, row.docs, row.weighted_cover)
-                np.add.at(subjects, row.docs, row.subject_cover)
         total += row.weight
         per_term.append(_Term(term, row.idf, row.weight, row.docs, row.cover, row.subject))
-    return _Scored(terms, scores, per_term, covered, subjects, total)
+    return _Scored(terms, scores, per_term, covered, total)
 
 
 _Floats = npt.NDArray[np.float32]
@@ -624,7 +637,7 @@ class Retriever:
         if themes and loaded.index.themes:
             t_scores, t_cover, t_subjects = _theme_scores(loaded, scored)
             on_topic = any(h.reason == "matched" for h in hits)
-            relevant = _relevant(t_cover, t_subjects, min_relevance)
+            relevant = (t_cover >= min_relevance) & (t_subjects >= MIN_SUBJECT)
             for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
                 if on_topic or not min_relevance or relevant[i]:
                     t = loaded.index.themes[i]

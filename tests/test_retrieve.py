@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -394,3 +395,21 @@ def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None
     )
     ctx = kindex.build_context(kb, "时区")
     assert not ctx.fallback and ctx.items[0].path == "t/timezone.md" and "时区" in ctx.items[0].matched
+
+
+def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
+    from kindex.retrieve import _Scored, _Term
+
+    def term(name: str, weight: float, docs: list[int], subject: float) -> _Term:
+        d = np.array(docs, np.int32)
+        return _Term(name, 1.0, weight, d, np.ones(len(d), np.float32), subject)
+
+    # Document 0 covers all of the heavier, general word (subject 0.2); document 2 covers the lighter word that is a
+    # subject of the KB: 40% of the question's weight, a whole subject.
+    terms = [term("期间", 3.0, [0], 0.2), term("退款", 2.0, [2], 1.0)]
+    scored = _Scored(["期间", "退款"], np.ones(3, np.float32), terms, np.array([3.0, 0.0, 2.0], np.float32), 5.0)
+    docs = np.array([0, 2], np.intp)
+    assert scored.on_topic(docs, 0.3)  # not settled by document 0: document 2 shares a subject
+    assert not scored.on_topic(docs, 0.5)  # document 2 covers too little, document 0 shares too little subject
+    assert scored.on_topic(docs, 0.0)  # 0: no decision
+    assert not scored.on_topic(np.array([], np.intp), 0.0)
