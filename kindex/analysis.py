@@ -39,7 +39,7 @@ from typing import Any
 
 import Stemmer
 
-ANALYZER_VERSION = 4
+ANALYZER_VERSION = 5
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -193,6 +193,8 @@ class _Segmenters:
                     added += freq
                 if not is_prefix:
                     break
+        if added > dictionary.total:  # a damaged table: its frequencies do not add up
+            return self.full()
         # The rest of the dictionary's weight, on a word no text holds: a route's probability is a word's frequency
         # over the total, so the cut is the full segmenter's.
         segmenter.add_word("\ue000", dictionary.total - added, None)
@@ -212,6 +214,8 @@ def _load_light() -> tuple[_Dictionary, Any] | None:
     if sys.byteorder != "little":
         return None
     try:
+        # Mapped, not read: a question touches a few dozen pages of it. Installers and tools/build_zh_words.py
+        # replace the file rather than rewrite it, so a mapping never sees it cut short.
         with _WORDS_FILE.open("rb") as f:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
@@ -350,8 +354,10 @@ def vocabulary(phrases: Iterable[str]) -> frozenset[str]:
                 continue
             segmenter = _segmenter(run)
             pieces = segmenter.cut(run)
+            content = [p for p in pieces if p not in _ZH_STOP]
             # A piece that is a stop word makes a phrase, not a term (数据的导入), unless the whole run is a word
             # of the dictionary that its frequencies cut apart: 时区 is 时 (a stop word) and 区 everywhere else.
-            if len(pieces) > 1 and (not _ZH_STOP.intersection(pieces) or segmenter.has_word(run)):
+            # Stop words alone never make a term (请用 in a heading "请用 HTTPS" would match every "请用中文…").
+            if len(pieces) > 1 and content and (len(content) == len(pieces) or segmenter.has_word(run)):
                 out.add(run)
     return frozenset(out)

@@ -68,11 +68,11 @@ UNSEEN_HAN_WEIGHT = 0.0
 SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
 MIN_SUBJECT = 0.5
-"""Besides a share of its weight, an on-topic question must share with a document at least this much of a subject
-of the KB (:func:`subject`: a Chinese word the KB uses far more than general Chinese does counts 1, a name 1, a word
-only passing in the document's body less). Covering all of a question whose other words the KB never uses is not
-enough when what is covered is 推荐 or 期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么). Chosen on the dev sets, in the
-middle of the range where no on-topic question fell back (0.4 to 1): off-topic 144 → 152 of 155 fell back."""
+"""Besides a share of its weight, an on-topic question must share with a document words worth at least this much of
+a subject of the KB (:func:`subject`: a name 1, a Chinese word by how far the KB uses it more than general Chinese
+does). Covering all of a question whose other words the KB never uses is not enough when what is covered is 推荐 or
+期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么). Chosen on the dev sets, in the range where no on-topic question fell
+back (up to 1; off-topic 144 → 149 of 155 fell back from 0.4 on)."""
 GENERAL_WORD_RANK = 0.5
 """What a Chinese word as common in the KB as in general Chinese adds to a ranking, against a word specific to the KB
 (see :func:`specificity`): 配置, 问题, 使用 tell documents apart less than their rarity in the KB alone suggests."""
@@ -309,19 +309,19 @@ class _Scored:
             if t.subject and t.df:
                 i = int(t.docs.searchsorted(doc))
                 if i < t.df and t.docs[i] == doc:
-                    shared += t.subject * float(t.cover[i])
+                    shared += t.subject
         return shared
 
     def subjects(self, docs: npt.NDArray[np.intp]) -> npt.NDArray[np.float32]:
-        """Per document of ``docs``, how much of a subject of the KB it shares with the question: each term's
-        :func:`subject` times the document's cover of it. Worked out only for the documents that cover enough of
-        the question (see :meth:`on_topic`), not summed on every call over every document a term is in."""
+        """Per document of ``docs``, how much of a subject of the KB it shares with the question: the
+        :func:`subject` of each of the question's terms it holds, wherever (how much of the question it covers, and
+        how, is :meth:`cover`'s part). Worked out only for the documents that cover enough of the question (see
+        :meth:`on_topic`), not summed on every call over every document a term is in."""
         out = np.zeros(len(docs), np.float32)
         for t in self.per_term:
             if t.subject and t.df and len(docs):
                 pos = np.minimum(t.docs.searchsorted(docs), t.df - 1)
-                held = t.docs[pos] == docs
-                out[held] += t.subject * t.cover[pos[held]]
+                out[t.docs[pos] == docs] += t.subject
         return out
 
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
@@ -349,32 +349,40 @@ def specificity(term: str, kb_rate: float, named: bool = False) -> float:
 
 
 def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
-    """How much ``term`` says about what a question is about: its rarity in the KB times how far it names a subject
-    of the KB (:func:`subject`); a Latin-script name counts ``NAME_WEIGHT`` times."""
-    return idf * subject(term, df, kb_rate, named) * (1.0 if has_han(term) else NAME_WEIGHT)
-
-
-def subject(term: str, df: int, kb_rate: float, named: bool = False) -> float:
-    """How far ``term`` names a subject of the KB, 0 to 1 (``df``: the documents holding it).
+    """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
 
     Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
     tell its documents apart and is more often phrasing than subject (去掉, 顺便, 上来: colloquial questions are full
     of them): it weighs ``UNSEEN_HAN_WEIGHT`` of its rarity; a single Chinese character is usually a verb or a
     particle the segmenter left alone (没, 先, 发), sometimes a subject (税): ``SINGLE_HAN_WEIGHT``. And a Chinese
-    word counts as a subject of this KB only as far as the KB uses it more than general Chinese does: ``kb_rate``
-    (its occurrences per token in the KB) against its rate in the segmenter's dictionary, on a log scale where
-    ``SPECIFIC_RATIO`` times the background rate or more counts fully and the background rate or less not at all
-    (名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), unless a document is ``named``
-    by it (in its title or tags: 时区 in a database manual is an everyday word and a chapter). A Latin-script word
-    the KB never uses names something else (git, MySQL, Django) and counts fully.
+    word counts as a subject of this KB only as far as the KB uses it more than general Chinese does (see
+    :func:`specificity`: 名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), unless a
+    document is ``named`` by it (in its title or tags: 时区 in a database manual is an everyday word and a chapter).
+    A Latin-script word the KB never uses names something else (git, MySQL, Django) and keeps ``NAME_WEIGHT`` times
+    its weight.
     """
+    weight = idf * _specific(term, df, kb_rate, named)
+    if not has_han(term):
+        return NAME_WEIGHT * weight
+    return SINGLE_HAN_WEIGHT * weight if len(term) == 1 and df else weight
+
+
+def subject(term: str, df: int, kb_rate: float, named: bool = False) -> float:
+    """How far ``term`` names a subject of the KB, 0 to 1, for the on-topic rule (``MIN_SUBJECT``): as in
+    :func:`informative` without the rarity; a single Chinese character counts fully when a title or tag names it
+    (税, 锁), else ``SINGLE_HAN_WEIGHT``."""
+    specific = _specific(term, df, kb_rate, named)
+    return SINGLE_HAN_WEIGHT * specific if len(term) == 1 and df and has_han(term) and not named else specific
+
+
+def _specific(term: str, df: int, kb_rate: float, named: bool) -> float:
     if term.isdigit():
         return 0.0
     if not has_han(term):
         return 1.0
     if df == 0:
         return UNSEEN_HAN_WEIGHT
-    return (SINGLE_HAN_WEIGHT if len(term) == 1 else 1.0) * specificity(term, kb_rate, named)
+    return specificity(term, kb_rate, named)
 
 
 def _bounded(message: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,12 @@ def test_a_one_shot_question_does_not_build_the_full_dictionary(sample_kb: Path)
     assert "退款政策" in done.stdout and done.stdout.rstrip().endswith("rjieba built: False")
 
 
+def _with_total(table: bytes, total: int) -> bytes:
+    out = bytearray(table)
+    struct.pack_into("<Q", out, len(analysis._MAGIC) + 4, total)
+    return bytes(out)
+
+
 @pytest.mark.parametrize(
     "table",
     [
@@ -77,7 +84,9 @@ def test_a_one_shot_question_does_not_build_the_full_dictionary(sample_kb: Path)
         analysis._MAGIC + b"\x01",
         analysis._WORDS_FILE.read_bytes()[:4000],
         analysis._WORDS_FILE.read_bytes()[:-1],
+        _with_total(analysis._WORDS_FILE.read_bytes(), 0),  # frequencies that do not add up
     ],
+    ids=["missing", "not a table", "empty", "header only", "first 4000 bytes", "last byte cut", "bad total"],
 )
 def test_without_a_usable_word_table_the_full_segmenter_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None
@@ -87,3 +96,9 @@ def test_without_a_usable_word_table_the_full_segmenter_serves(
         path.write_bytes(table)
     monkeypatch.setattr(analysis, "_WORDS_FILE", path)
     assert analysis._Segmenters().for_text("退款多久到账") is rjieba
+
+
+def test_the_kb_vocabulary_keeps_words_the_segmenter_cuts_apart_but_no_stop_words_alone() -> None:
+    # 时区 is 时 (a stop word) + 区 to jieba; 请用 is 请 + 用, both stop words: a heading "请用 HTTPS" must not make
+    # every "请用中文…" match it.
+    assert analysis.vocabulary(["时区", "请用 HTTPS", "会用", "企业采购", "数据的导入"]) == {"时区", "企业采购"}

@@ -413,3 +413,19 @@ def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
     assert not scored.on_topic(docs, 0.5)  # document 2 covers too little, document 0 shares too little subject
     assert scored.on_topic(docs, 0.0)  # 0: no decision
     assert not scored.on_topic(np.array([], np.intp), 0.0)
+
+
+def test_a_single_character_that_titles_a_document_is_a_subject(tmp_path: Path) -> None:
+    # And a name the KB uses often, only in a body, is one too (the cover already weighs how it is used).
+    k8s = "把服务部署到 Kubernetes 集群。Kubernetes 的配置在 deploy 目录。用 Kubernetes 滚动升级。\n"
+    kb = make_kb(
+        tmp_path,
+        {
+            "tax/tax.md": (_doc("tax.md", "税", "个人所得税的计算", tags=("税",)), "# 税\n\n税的计算方法。"),
+            "tax/lock.md": (_doc("lock.md", "锁", "文件锁与并发", tags=("锁",)), "# 锁\n\n加锁以避免并发写入。"),
+            "ops/deploy.md": (_doc("deploy.md", "部署指南", "如何部署服务"), "# 部署\n\n" + k8s * 3),
+        },
+    )
+    for message, path in (("税", "tax/tax.md"), ("锁", "tax/lock.md"), ("Kubernetes", "ops/deploy.md")):
+        ctx = kindex.build_context(kb, message)
+        assert not ctx.fallback and ctx.items[0].path == path, message

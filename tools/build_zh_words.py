@@ -37,7 +37,11 @@ def main() -> None:
         offsets.byteswap()
         counts.byteswap()
     header = MAGIC + struct.pack("<IQ", len(words), sum(freqs.values())) + b"\0" * 4
-    OUT.write_bytes(header + offsets.tobytes() + counts.tobytes() + b"".join(words))
+    # Replaced, never rewritten in place: a running kindex maps the file, and cutting a mapped file short kills the
+    # process that reads it (SIGBUS); a replaced file stays whole for whoever mapped the old one.
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_bytes(header + offsets.tobytes() + counts.tobytes() + b"".join(words))
+    tmp.replace(OUT)
     print(f"{OUT}: {len(words):,} words, {OUT.stat().st_size:,} bytes, from {source}")
 
 
