@@ -293,12 +293,14 @@ def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
     assert {e["worker"] for e in ends} == {"w1", "w2"} and all(e["state"] == "done" for e in ends)
     assert len(arrivals) == 2 * DOCS_CALLS
     # Grants are spaced by Redis's clock; arrivals add each call's own latency on the way (litellm, HTTP), which
-    # can bunch two grants in one second: the rate is judged over the run and over 3-second windows.
+    # can bunch grants: the rate is judged over the run and over 3-second windows. On a loaded machine one call's
+    # latency can exceed the next one's by more than a grant's 0.2 s (17 in 3 s seen once in CI), so a window may
+    # hold two arrivals more than its grants; a per-worker limit (twice the rate) or a burst of 3 would still fail.
     rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
     per_window = max(sum(1 for t in arrivals if s <= t < s + 3.0) for s in arrivals)
     print(f"rate {rate:.2f}/s, at most {per_window} requests in 3 s")
     assert rate <= 5.0 * 1.02, rate  # grants are exactly 0.2 s apart; arrivals jitter by a few ms
-    assert per_window <= 3 * 5 + 1
+    assert per_window <= 3 * 5 + 2
 
 
 def test_queue_mode_without_redis_answers_503(tmp_path: Path) -> None:
