@@ -269,6 +269,7 @@ class _Term:
     cover: npt.NDArray[np.float32]
     """Per document of ``docs``: the share of the term's weight it covers (:attr:`_Row.cover`)."""
     subject: float
+    """How far the term names a subject of the KB (:func:`subject`)."""
 
     @property
     def df(self) -> int:
