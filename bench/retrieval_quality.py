@@ -9,7 +9,9 @@ Question sets. *dev* sets are the ones the weights and the relevance threshold w
 written by someone who did not see the code (bench/queries/keywords.json, colloquial.json, offtopic_heldout.json)
 or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing was tuned on them.
   dev:      apisix/zh FAQ.md questions (FAQ.md removed from the indexed copy), bench/queries/handwritten.json,
-            bench/queries/offtopic.json
+            bench/queries/offtopic.json; and the on-topic decision alone on bench/queries/helper_dev.json (322
+            questions and 135 off-topic messages a helper wrote for sample_kb, FastAPI zh and APISIX zh), reported
+            on a line of its own
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
             messages (small talk for every KB, near-domain tech questions about other products per KB)
 
@@ -168,6 +170,8 @@ def main() -> None:
     colloquial = json.loads((queries_dir / "colloquial.json").read_text(encoding="utf-8"))
     off_dev = json.loads((queries_dir / "offtopic.json").read_text(encoding="utf-8"))["messages"]
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
+    helper_dev = json.loads((queries_dir / "helper_dev.json").read_text(encoding="utf-8"))
+    helper_fell: dict[str, list[int]] = {"on": [0, 0], "off": [0, 0]}
     dev, held = args.sets in ("dev", "all"), args.sets in ("heldout", "all")
 
     rows: list[dict[str, object]] = []
@@ -244,6 +248,12 @@ def main() -> None:
                     got = kindex.search(kb, m, limit=1)
                     print(f"  not fallen back ({name}, {label}): {m} -> {got[0].path if got else '?'}", file=sys.stderr)
 
+        if dev and name in helper_dev:
+            for label in ("on", "off"):
+                msgs = helper_dev[name][label]
+                helper_fell[label][0] += sum(kindex.build_context(kb, m).fallback for m in msgs)
+                helper_fell[label][1] += len(msgs)
+
     print("| corpus | set | n | system | Hit@1 | Hit@5 | MRR@10 | nDCG@10 | kindex wins/losses |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -270,6 +280,12 @@ def main() -> None:
         print(
             f"- keyword questions with a target in the top 3: {sum(keyword_top3):.0f}/{len(keyword_top3)} "
             f"({sum(keyword_top3) / len(keyword_top3):.1%})"
+        )
+    if helper_fell["on"][1]:
+        (on_fell, on_n), (off_fell, off_n) = helper_fell["on"], helper_fell["off"]
+        print(
+            f"- helper_dev.json (dev): on-topic questions that fell back {on_fell}/{on_n} ({on_fell / on_n:.1%}), "
+            f"off-topic messages that fell back {off_fell}/{off_n} ({off_fell / off_n:.1%})"
         )
     tmp.cleanup()
 
