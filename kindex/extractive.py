@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kindex.markdown import Line, lines
+from kindex.markdown import INLINE_TAG, Line, lines
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc
 
@@ -24,9 +24,6 @@ _CJK_RUN = re.compile(r"([\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+)")
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{2,}")
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
 _NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
-# An inline HTML tag (its text stays: <abbr title="…">CLI</abbr> reads CLI). No "<", ">" or line break inside, so
-# each match is found in one forward scan.
-_HTML_TAG = re.compile(r"</?[A-Za-z][^<>\n]*>")
 _RAW_BLOCKS = ("style", "script")
 _STOP = frozenset(
     [
@@ -188,7 +185,7 @@ def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
         if opened is not None:
             raw = None if f"</{opened}>" in low else opened
             continue
-        yield _HTML_TAG.sub("", line.text)
+        yield INLINE_TAG.sub("", line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
 
 
 def first_paragraph(text: str) -> str:

@@ -7,7 +7,13 @@ closed only by the same kind of fence, at least as long. No regex here can backt
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_])<[A-Za-z][^<>\n]*>")
+"""An inline HTML or MDX tag (``<a name="x">``, ``</abbr>``, ``<TabItem value="y">``). An opening tag right after a
+letter or digit is a type's parameter, not a tag: ``Vec<T>`` and ``List<String>`` stay as they are. No "<", ">" or
+line break inside: a scan for it never goes past the next "<", and the search is one forward pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +78,10 @@ def heading_title(line: str) -> str | None:
         brace = title.rfind("{")
         if brace >= 0 and title[brace + 1 : -1].strip().startswith("#"):
             title = title[:brace].rstrip(" \t")
-    return title or None
+    # Nor do inline tags: Microsoft's docs open nearly every heading with an anchor, <a name="slug"></a>, and
+    # <dfn title="…">转换</dfn> reads 转换. A heading that is only tags stays as written: it is still a heading.
+    readable = " ".join(INLINE_TAG.sub("", title).split())
+    return readable or title or None
 
 
 def lines(text: str) -> list[Line]:

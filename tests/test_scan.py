@@ -122,3 +122,32 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
     assert p["llm_configured"] is False
     assert p["skipped"] == []
     assert p["estimated_tokens"]["calls"] == 3 and p["estimated_tokens"]["prompt"] > 100
+
+
+@pytest.mark.parametrize(
+    ("line", "title"),
+    [
+        (
+            '## <a name="requirements-and-limitations"></a>要求和限制',
+            "要求和限制",
+        ),  # Microsoft's docs, nearly every heading
+        ('## 数据<dfn title="也称为：序列化">转换</dfn> { #data-conversion }', "数据转换"),
+        ('## <TabItem value="go">Go</TabItem>', "Go"),
+        ("### Vec<T> 的用法", "Vec<T> 的用法"),  # a type's parameter is no tag
+        ("## List<String> and <b>bold</b>", "List<String> and bold"),
+        ('## <a name="only"></a>', '<a name="only"></a>'),  # only tags: still a heading, as written
+    ],
+)
+def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
+    from kindex.markdown import headings
+
+    assert headings(line + "\n") == (title,)
+
+
+def test_offline_questions_carry_no_html_anchor(tmp_path: Path) -> None:
+    doc = tmp_path / "t" / "a.md"
+    doc.parent.mkdir(parents=True)
+    doc.write_text('# 标题\n\n正文。\n\n## <a name="reqs"></a>要求和限制\n\n内容。\n', encoding="utf-8")
+    kindex.reindex(tmp_path)
+    entry = kindex.parse_index((tmp_path / "t" / "index.json").read_bytes())[0].documents[0]
+    assert entry.questions == ("要求和限制",)
