@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kindex.markdown import INLINE_TAG, Line, lines
+from kindex.markdown import INLINE_TAG, Line, lines, without_link_targets
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc
 
@@ -150,23 +150,9 @@ def _prose(text_lines: Sequence[Line]) -> str:
     kept: list[str] = []
     for line in _readable(text_lines):
         for token in line.split():
-            pieces = _CJK_RUN.split(_without_link_targets(token))
+            pieces = _CJK_RUN.split(without_link_targets(token))
             kept.append("".join(p for p in pieces if "://" not in p and "/" not in p))
     return " ".join(kept)
-
-
-def _without_link_targets(token: str) -> str:
-    """``token`` with each Markdown link target ``](…)`` cut to ``]``: the link's text stays. One forward pass."""
-    out: list[str] = []
-    pos = 0
-    while (start := token.find("](", pos)) >= 0:
-        end = token.find(")", start + 2)
-        if end < 0:
-            break
-        out.append(token[pos : start + 1])
-        pos = end + 1
-    out.append(token[pos:])
-    return "".join(out)
 
 
 def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
@@ -202,7 +188,7 @@ def first_paragraph(text: str) -> str:
                 break
             continue
         # A link reads as its text. Not a regex: "[" repeated without "]" made one backtrack quadratically.
-        text = _without_link_targets(stripped).replace("![", "").replace("[", "").replace("]", "")
+        text = without_link_targets(stripped).replace("![", "").replace("[", "").replace("]", "")
         para.append(text.replace("**", "").replace("`", ""))
     joined = clean_text(" ".join(para), 10 * SUMMARY_MAX)
     return cut_sentence(joined, SUMMARY_TARGET)

@@ -59,6 +59,27 @@ def closes(line: str, opening: str) -> bool:
     return ok and run >= len(opening) and not stripped[run:].strip()
 
 
+def without_link_targets(text: str) -> str:
+    """``text`` with each Markdown link or image ``[text](target)`` read as its text; a ``](target)`` without its
+    ``[`` loses the target only. One forward pass: each search starts where the last one ended."""
+    out: list[str] = []
+    pos = 0
+    while (start := text.find("](", pos)) >= 0:
+        end = text.find(")", start + 2)
+        if end < 0:
+            break
+        opening = text.rfind("[", pos, start)
+        if opening < 0:
+            out.append(text[pos : start + 1])
+        else:
+            image = opening > pos and text[opening - 1] == "!"
+            out.append(text[pos : opening - image])
+            out.append(text[opening + 1 : start])
+        pos = end + 1
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def heading_title(line: str) -> str | None:
     """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute."""
     stripped, ok = _indent_ok(line.rstrip("\r\n"))
@@ -78,9 +99,10 @@ def heading_title(line: str) -> str | None:
         brace = title.rfind("{")
         if brace >= 0 and title[brace + 1 : -1].strip().startswith("#"):
             title = title[:brace].rstrip(" \t")
-    # Nor do inline tags: Microsoft's docs open nearly every heading with an anchor, <a name="slug"></a>, and
-    # <dfn title="…">转换</dfn> reads 转换. A heading that is only tags stays as written: it is still a heading.
-    readable = " ".join(INLINE_TAG.sub("", title).split())
+    # Nor do inline tags or link targets: Microsoft's docs open nearly every heading with an anchor, <a name="slug">
+    # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays
+    # as written: it is still a heading.
+    readable = " ".join(without_link_targets(INLINE_TAG.sub("", title)).split())
     return readable or title or None
 
 

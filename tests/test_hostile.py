@@ -143,7 +143,14 @@ def test_search_limit_must_be_positive(indexed: Path) -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["# 退款标题" + " #" * 40_000 + "x", "# a" + " \t" * 16_000 + "x", "# " + "{ #" * 30_000, "# " + "x<a" * 100_000],
+    [
+        "# 退款标题" + " #" * 40_000 + "x",
+        "# a" + " \t" * 16_000 + "x",
+        "# " + "{ #" * 30_000,
+        "# " + "x<a" * 100_000,
+        "# " + "[a](" * 50_000 + ")",
+        "# " + "](" * 100_000,
+    ],
 )
 def test_heading_parsing_is_linear(line: str) -> None:
     assert len(headings(line + "\n")) == 1  # seconds with the old regex; milliseconds now

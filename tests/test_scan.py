@@ -136,6 +136,9 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("### Vec<T> 的用法", "Vec<T> 的用法"),  # a type's parameter is no tag
         ("## List<String> and <b>bold</b>", "List<String> and bold"),
         ('## <a name="only"></a>', '<a name="only"></a>'),  # only tags: still a heading, as written
+        ("## [Django](https://www.djangoproject.com/)", "Django"),
+        ("## 基于 [Nacos](https://nacos.io/x.html) 的服务发现", "基于 Nacos 的服务发现"),
+        ("## ![logo](a.png) Array[int] 用法", "logo Array[int] 用法"),
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
