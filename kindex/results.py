@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from kindex.tokenize import estimate_tokens
 
-# defer_build: `kindex context` builds Context and ContextItem, not the other fifteen shapes.
+# defer_build: a process builds only the shapes it dumps. Results are made with model_construct from tables already
+# checked, so a one-shot `kindex context` printing text builds none (no validator, hence no pydantic plugin loader).
 _RESULT = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 

@@ -57,7 +57,7 @@ class ContextRequest(BaseModel):
         ge=0.0,
         le=1.0,
         description="On topic when a document covers this share of the question's informative weight (and shares "
-        f"a subject of the KB with it); 0: any match is on topic. Default: the agent's setting (else "
+        "a subject of the KB with it); 0: any match is on topic. Default: the agent's setting (else "
         f"{DEFAULT_MIN_RELEVANCE}).",
     )
     fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
