@@ -405,14 +405,18 @@ def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
         return _Term(name, 1.0, weight, d, np.ones(len(d), np.float32), subject)
 
     # Document 0 covers all of the heavier, general word (subject 0.2); document 2 covers the lighter word that is a
-    # subject of the KB: 40% of the question's weight, a whole subject.
-    terms = [term("期间", 3.0, [0], 0.2), term("退款", 2.0, [2], 1.0)]
-    scored = _Scored(["期间", "退款"], np.ones(3, np.float32), terms, np.array([3.0, 0.0, 2.0], np.float32), 5.0)
+    # subject of the KB: 40% of the question's weight, a whole subject. 晚饭 the KB never uses (no weight).
+    terms = [term("期间", 3.0, [0], 0.2), term("退款", 2.0, [2], 1.0), term("晚饭", 0.0, [], 0.0)]
+    covered = np.array([3.0, 0.0, 2.0], np.float32)
+    scored = _Scored(["期间", "退款", "晚饭"], np.ones(3, np.float32), terms, covered, 5.0)
     docs = np.array([0, 2], np.intp)
     assert scored.on_topic(docs, 0.3)  # not settled by document 0: document 2 shares a subject
     assert not scored.on_topic(docs, 0.5)  # document 2 covers too little, document 0 shares too little subject
     assert scored.on_topic(docs, 0.0)  # 0: no decision
     assert not scored.on_topic(np.array([], np.intp), 0.0)
+    # Without 晚饭 the KB uses every word of the question: no hidden subject, the cover decides alone.
+    known = _Scored(["期间", "退款"], np.ones(3, np.float32), terms[:2], covered, 5.0)
+    assert known.on_topic(docs, 0.5) and not known.on_topic(docs, 0.7)
 
 
 def test_a_single_character_that_titles_a_document_is_a_subject(tmp_path: Path) -> None:

@@ -42,9 +42,9 @@ from kindex.skillmodel import SkillShelf
 @click.option(
     "--min-relevance",
     type=click.FloatRange(0.0, 1.0),
-    help="On topic when a document covers this share of the question's informative weight (and shares a subject "
-    f"of the KB with it); else the overview; 0: any match is on topic (default {DEFAULT_MIN_RELEVANCE}) "
-    "[env KINDEX_MIN_RELEVANCE, kindex.toml].",
+    help="On topic when a document covers this share of the question's informative weight (and, if the "
+    "question holds words the KB never uses, shares a subject of the KB with it); else the overview; 0: any match "
+    f"is on topic (default {DEFAULT_MIN_RELEVANCE}) [env KINDEX_MIN_RELEVANCE, kindex.toml].",
 )
 @click.option(
     "--fallback",

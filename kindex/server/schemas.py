@@ -56,9 +56,9 @@ class ContextRequest(BaseModel):
         strict=True,
         ge=0.0,
         le=1.0,
-        description="On topic when a document covers this share of the question's informative weight (and shares "
-        "a subject of the KB with it); 0: any match is on topic. Default: the agent's setting (else "
-        f"{DEFAULT_MIN_RELEVANCE}).",
+        description="On topic when a document covers this share of the question's informative weight (and, if "
+        "the question holds words the KB never uses, shares a subject of the KB with it); 0: any match is on topic. "
+        f"Default: the agent's setting (else {DEFAULT_MIN_RELEVANCE}).",
     )
     fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None,
