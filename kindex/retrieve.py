@@ -73,8 +73,8 @@ SINGLE_HAN_WEIGHT = 0.25
 SPECIFIC_RATIO = 100.0
 MIN_SUBJECT = 0.5
 """Besides a share of its weight, an on-topic question that holds words the KB never uses must share with a document
-words worth at least this much of a subject of the KB (:func:`subject`: a name 1, a Chinese word by how far the KB
-uses it more than general Chinese does). Covering all of a question whose other words the KB never uses is not
+words worth at least this much of a subject of the KB (:func:`subject`: a name 1, a Chinese word by how far the KB,
+or its titles and tags, use it more than general Chinese does). Covering all of a question whose other words the KB never uses is not
 enough when what is covered is 推荐 or 期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么): its subject is in the words
 the KB does not know. A question made only of words the KB uses has no such hidden subject (日志, 压缩, 接口很慢怎么
 优化): its cover decides alone. Chosen on the dev sets, in the range where no on-topic question fell back (up to 1;
@@ -124,10 +124,6 @@ class _Row:
     cover: npt.NDArray[np.float32]
     """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
     times the saturated body frequency (one passing mention counts little)."""
-    occurrences: float
-    """How often the term occurs in the KB, all fields."""
-    named: bool
-    """Some document has the term in its title or tags."""
     idf: float
     weight: float
     """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
@@ -172,6 +168,8 @@ class _Loaded:
     """Per term of a theme entry used so far: the theme entries holding it and its BM25 gain in each."""
     tokens: float
     """Terms in the KB, all fields: the denominator of a term's rate of use."""
+    named_tokens: float
+    """Terms in the KB's titles and tags: the denominator of a term's rate of naming documents."""
     theme_of: npt.NDArray[np.intp]
     conditional: npt.NDArray[np.bool_]
     unconditional: npt.NDArray[np.bool_]
@@ -235,6 +233,9 @@ def _load(kb: Path) -> _Loaded:
         absent=0,
         theme_rows={},
         tokens=max(float(index.lengths.sum()), 1.0),
+        named_tokens=max(
+            float(index.lengths[:, [FIELDS.index("title"), FIELDS.index("tags")]].sum()) if n else 0.0, 1.0
+        ),
         theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.intp),
         conditional=conditional,
         unconditional=~conditional,
@@ -350,18 +351,19 @@ class _Scored:
         return [tuple(f) for f in found]
 
 
-def specificity(term: str, kb_rate: float, named: bool = False) -> float:
+def specificity(term: str, kb_rate: float, named_rate: float = 0.0) -> float:
     """How far the KB uses a Chinese word more than general Chinese does, 0 to 1: ``kb_rate`` (its occurrences per
     token in the KB) against its rate in the segmenter's dictionary, on a log scale where ``SPECIFIC_RATIO`` times
-    the background rate or more counts fully and the background rate or less not at all; 1 when a document is
-    ``named`` by it (in its title or tags). ``kb_rate`` must be positive."""
-    if named:
-        return 1.0
-    ratio = kb_rate / background_rate(term)
+    the background rate or more counts fully and the background rate or less not at all. Or, if more, the same of
+    ``named_rate``, its occurrences per token of the KB's titles and tags: what names documents is what they are
+    about (时区, a chapter of a database manual, is an everyday word in its pages), unless the titles use it no
+    more than general Chinese does (期间, 注意, 第一 among a large KB's thousands of titles). ``kb_rate`` must be
+    positive."""
+    ratio = max(kb_rate, named_rate) / background_rate(term)
     return min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
 
 
-def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = False) -> float:
+def informative(term: str, idf: float, df: int, kb_rate: float, named_rate: float = 0.0) -> float:
     """How much ``term`` says about what a question is about: its rarity in the KB, tempered three ways.
 
     Numbers are values, not subjects ("2024年的发票" is about invoices). A Chinese word the KB never uses cannot
@@ -369,33 +371,35 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named: bool = Fa
     of them): it weighs ``UNSEEN_HAN_WEIGHT`` of its rarity; a single Chinese character is usually a verb or a
     particle the segmenter left alone (没, 先, 发), sometimes a subject (税): ``SINGLE_HAN_WEIGHT``. And a Chinese
     word counts as a subject of this KB only as far as the KB uses it more than general Chinese does (see
-    :func:`specificity`: 名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), unless a
-    document is ``named`` by it (in its title or tags: 时区 in a database manual is an everyday word and a chapter).
+    :func:`specificity`: 名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), or its
+    titles and tags do (``named_rate``: 时区 in a database manual is an everyday word and a chapter).
     A Latin-script word the KB never uses names something else (git, MySQL, Django) and keeps ``NAME_WEIGHT`` times
     its weight.
     """
-    weight = idf * _specific(term, df, kb_rate, named)
+    weight = idf * _specific(term, df, kb_rate, named_rate)
     if not has_han(term):
         return NAME_WEIGHT * weight
     return SINGLE_HAN_WEIGHT * weight if len(term) == 1 and df else weight
 
 
-def subject(term: str, df: int, kb_rate: float, named: bool = False) -> float:
+def subject(term: str, df: int, kb_rate: float, named_rate: float = 0.0) -> float:
     """How far ``term`` names a subject of the KB, 0 to 1, for the on-topic rule (``MIN_SUBJECT``): as in
-    :func:`informative` without the rarity; a single Chinese character counts fully when a title or tag names it
-    (税, 锁), else ``SINGLE_HAN_WEIGHT``."""
-    specific = _specific(term, df, kb_rate, named)
-    return SINGLE_HAN_WEIGHT * specific if len(term) == 1 and df and has_han(term) and not named else specific
+    :func:`informative` without the rarity; a single Chinese character counts ``SINGLE_HAN_WEIGHT`` of that, or
+    fully as far as the KB's titles and tags make it a subject (税, 锁)."""
+    specific = _specific(term, df, kb_rate, named_rate)
+    if len(term) == 1 and df and has_han(term):
+        return max(SINGLE_HAN_WEIGHT * specific, specificity(term, 0.0, named_rate) if named_rate else 0.0)
+    return specific
 
 
-def _specific(term: str, df: int, kb_rate: float, named: bool) -> float:
+def _specific(term: str, df: int, kb_rate: float, named_rate: float) -> float:
     if term.isdigit():
         return 0.0
     if not has_han(term):
         return 1.0
     if df == 0:
         return UNSEEN_HAN_WEIGHT
-    return specificity(term, kb_rate, named)
+    return specificity(term, kb_rate, named_rate)
 
 
 def _bounded(message: str) -> str:
@@ -434,7 +438,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
         weight = informative(term, idf, 0, 0.0)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, 0.0, False, idf, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, idf, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
@@ -443,15 +447,15 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
     body_w = np.zeros(n, dtype=np.float32)
     entry_w = np.zeros(n, dtype=np.float32)
-    occurrences = 0.0
-    named = False
+    occurrences = named = 0.0
     for name, (d, tf) in hits:
         occurrences += float(tf.sum())
         if name == "body":
             body_w[d] = tf * loaded.inv[name][d]
         else:
             entry_w[d] += tf * loaded.inv[name][d]
-            named = named or name in ("title", "tags")
+            if name in ("title", "tags"):
+                named += float(tf.sum())
     total_w = body_w + entry_w
     docs = np.flatnonzero(total_w).astype(np.int32)
     wtf, ew = total_w[docs], entry_w[docs]
@@ -464,11 +468,15 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
     cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
-    kb_rate = occurrences / loaded.tokens
-    weight = informative(term, idf, len(docs), kb_rate, named)
-    subj = subject(term, len(docs), kb_rate, named)
-    rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate, named) if has_han(term) else 1.0
-    row = _Row(docs, gain * np.float32(rank), cover, occurrences, named, idf, weight, rank, weight * cover, subj)
+    kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
+    weight = informative(term, idf, len(docs), kb_rate, named_rate)
+    subj = subject(term, len(docs), kb_rate, named_rate)
+    rank = 1.0
+    if has_han(term) and not named_rate:
+        # A word in a title or tag ranks the documents it names fully, however everyday: telling documents apart is
+        # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
+        rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
+    row = _Row(docs, gain * np.float32(rank), cover, idf, weight, rank, weight * cover, subj)
     loaded.rows[term] = row
     return row
 

@@ -397,6 +397,21 @@ def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None
     assert not ctx.fallback and ctx.items[0].path == "t/timezone.md" and "时区" in ctx.items[0].matched
 
 
+def test_a_word_the_titles_use_as_much_as_general_chinese_is_no_subject(tmp_path: Path) -> None:
+    # A large KB's titles hold everyday words: one of 60 titles saying 时间 is not what the KB is about, and
+    # 时间过得真快啊 (small talk: 过得, 真快 the KB never uses) must fall back. A word the titles use far more than
+    # general Chinese does stays a subject, however plain it is (时区, test above; 税 and 锁, test below).
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma".split()
+    docs = {
+        f"t/d{i}.md": (_doc(f"d{i}.md", f"widget{i} " + " ".join(words), "组件的说明"), f"# widget{i}\n\n组件参数。")
+        for i in range(59)
+    }
+    docs["t/time.md"] = (_doc("time.md", "时间 " + " ".join(words), "组件的说明"), "# 时间\n\n组件参数。")
+    kb = make_kb(tmp_path, docs)
+    assert kindex.build_context(kb, "时间过得真快啊").fallback
+    assert not kindex.build_context(kb, "组件的时间参数").fallback  # every word of it the KB uses: the cover decides
+
+
 def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
     from kindex.retrieve import _Scored, _Term
 
