@@ -9,9 +9,10 @@ Question sets. *dev* sets are the ones the weights and the relevance threshold w
 written by someone who did not see the code (bench/queries/keywords.json, colloquial.json, offtopic_heldout.json)
 or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing was tuned on them.
   dev:      apisix/zh FAQ.md questions (FAQ.md removed from the indexed copy), bench/queries/handwritten.json,
-            bench/queries/offtopic.json; and the on-topic decision alone on bench/queries/helper_dev.json (322
-            questions and 135 off-topic messages a helper wrote for sample_kb, FastAPI zh and APISIX zh), reported
-            on a line of its own
+            bench/queries/offtopic.json; and the on-topic decision on two sets helpers wrote without seeing the code,
+            each reported on a line of its own: bench/queries/helper_dev.json (322 questions and 135 off-topic
+            messages for sample_kb, FastAPI zh and APISIX zh) and helper_dev2.json (100 questions with the pages
+            that answer them, ranked too, and 80 small-talk and near-domain messages for greptime-zh and memdocs-zh)
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
             messages (small talk for every KB, near-domain tech questions about other products per KB)
 
@@ -170,8 +171,11 @@ def main() -> None:
     colloquial = json.loads((queries_dir / "colloquial.json").read_text(encoding="utf-8"))
     off_dev = json.loads((queries_dir / "offtopic.json").read_text(encoding="utf-8"))["messages"]
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
-    helper_dev = json.loads((queries_dir / "helper_dev.json").read_text(encoding="utf-8"))
-    helper_fell: dict[str, list[int]] = {"on": [0, 0], "off": [0, 0]}
+    helpers = {
+        f: json.loads((queries_dir / f).read_text(encoding="utf-8")) for f in ("helper_dev.json", "helper_dev2.json")
+    }
+    # Per file and list ("on", "off", "off_smalltalk", ...): [fell back, messages].
+    helper_fell: dict[str, dict[str, list[int]]] = {f: {} for f in helpers}
     dev, held = args.sets in ("dev", "all"), args.sets in ("heldout", "all")
 
     rows: list[dict[str, object]] = []
@@ -194,6 +198,8 @@ def main() -> None:
             (kb / "FAQ.md").unlink()
         if dev and name in handwritten:
             sets["handwritten (dev)"] = [(q, t) for q, t in handwritten[name]]
+        if dev and name in helpers["helper_dev2.json"]:
+            sets["helper (dev)"] = [(q, t) for q, t in helpers["helper_dev2.json"][name]["on"]]
         if held and name in ("greptime-zh", "memdocs-zh"):
             qrels = json.loads((KBS[name].parent / "qrels.json").read_text(encoding="utf-8"))
             sets["real FAQ (held-out)"] = [(r["q"], r["targets"]) for r in qrels]
@@ -248,11 +254,13 @@ def main() -> None:
                     got = kindex.search(kb, m, limit=1)
                     print(f"  not fallen back ({name}, {label}): {m} -> {got[0].path if got else '?'}", file=sys.stderr)
 
-        if dev and name in helper_dev:
-            for label in ("on", "off"):
-                msgs = helper_dev[name][label]
-                helper_fell[label][0] += sum(kindex.build_context(kb, m).fallback for m in msgs)
-                helper_fell[label][1] += len(msgs)
+        for f, helper in helpers.items():
+            if dev and name in helper:
+                for label, entries in helper[name].items():
+                    msgs = [e if isinstance(e, str) else e[0] for e in entries]
+                    count = helper_fell[f].setdefault(label, [0, 0])
+                    count[0] += sum(kindex.build_context(kb, m).fallback for m in msgs)
+                    count[1] += len(msgs)
 
     print("| corpus | set | n | system | Hit@1 | Hit@5 | MRR@10 | nDCG@10 | kindex wins/losses |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -281,12 +289,10 @@ def main() -> None:
             f"- keyword questions with a target in the top 3: {sum(keyword_top3):.0f}/{len(keyword_top3)} "
             f"({sum(keyword_top3) / len(keyword_top3):.1%})"
         )
-    if helper_fell["on"][1]:
-        (on_fell, on_n), (off_fell, off_n) = helper_fell["on"], helper_fell["off"]
-        print(
-            f"- helper_dev.json (dev): on-topic questions that fell back {on_fell}/{on_n} ({on_fell / on_n:.1%}), "
-            f"off-topic messages that fell back {off_fell}/{off_n} ({off_fell / off_n:.1%})"
-        )
+    for f, counts in helper_fell.items():
+        if counts:
+            parts = [f"{label} {fell}/{n} ({fell / n:.1%})" for label, (fell, n) in counts.items()]
+            print(f"- {f} (dev), fell back: " + ", ".join(parts))
     tmp.cleanup()
 
 
