@@ -74,11 +74,11 @@ SPECIFIC_RATIO = 100.0
 MIN_SUBJECT = 0.5
 """Besides a share of its weight, an on-topic question that holds words the KB never uses must share with a document
 words worth at least this much of a subject of the KB (:func:`subject`: a name 1, a Chinese word by how far the KB,
-or its titles and tags, use it more than general Chinese does). Covering all of a question whose other words the KB never uses is not
-enough when what is covered is 推荐 or 期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么): its subject is in the words
-the KB does not know. A question made only of words the KB uses has no such hidden subject (日志, 压缩, 接口很慢怎么
-优化): its cover decides alone. Chosen on the dev sets, in the range where no on-topic question fell back (up to 1;
-off-topic 144 → 149 of 155 fell back from 0.4 on)."""
+or its titles and tags, use it more than general Chinese does). Covering all of a question whose other words the
+KB never uses is not enough when what is covered is 推荐 or 期间 (推荐几部好看的科幻电影, 减肥期间晚饭吃什么): its
+subject is in the words the KB does not know. A question made only of words the KB uses has no such hidden subject
+(日志, 压缩, 接口很慢怎么优化): its cover decides alone. Chosen on the dev sets, in the range where no on-topic
+question fell back (up to 1; off-topic 144 → 149 of 155 fell back from 0.4 on)."""
 GENERAL_WORD_RANK = 0.5
 """What a Chinese word as common in the KB as in general Chinese adds to a ranking, against a word specific to the KB
 (see :func:`specificity`): 配置, 问题, 使用 tell documents apart less than their rarity in the KB alone suggests."""
