@@ -91,6 +91,10 @@ MAX_ABSENT_TERM = 32
 this many characters: a run the segmenter cannot cut comes back whole, and a message of 20,000 rare characters must
 not become a 20,000-character key. About 10 MB at most."""
 THEME_RECHECK_S = 1.0
+MAX_FIT_TERMS = 32
+"""A document cut to the budget keeps the sections holding most of the question's words: of the words it holds,
+the heaviest this many. Each word costs a scan of the document, and a 20,000-character message held by a document
+of 60,000 sections made one call take 40 s; a question's subject is in its few heaviest words."""
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _README_NAMES = ("readme.md", "index.md")
@@ -337,6 +341,12 @@ class _Scored:
                 pos = np.minimum(t.docs.searchsorted(docs), t.df - 1)
                 out[t.docs[pos] == docs] += t.subject
         return out
+
+    def heaviest(self, terms: Sequence[str], k: int) -> list[str]:
+        """Of ``terms`` (the question's), the ``k`` that weigh most in the question; ties in question order."""
+        held = set(terms)
+        ranked = sorted((t for t in self.per_term if t.term in held), key=lambda t: -t.weight)
+        return [t.term for t in ranked[:k]]
 
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
         """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
@@ -815,9 +825,10 @@ def _assemble(
         if room <= 0:
             break
         truncated = estimate_tokens(text) > room
+        matched = scored.matched([hit.idx])[0]
         if truncated:
             mark = _TRUNCATION_MARK.format(path=one_line(hit.path))
-            fitted = fit_to_budget(text, room - estimate_tokens(mark), scored.terms)
+            fitted = fit_to_budget(text, room - estimate_tokens(mark), scored.heaviest(matched, MAX_FIT_TERMS))
             if fitted is None:
                 break  # not even a line fits: the budget is spent
             text = fitted + mark
@@ -826,7 +837,6 @@ def _assemble(
         if truncated:
             used = budget  # the cut document is the last one
         parts.append(chunk)
-        matched = scored.matched([hit.idx])[0]
         items.append(hit.item(matched, truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(
         text="\n\n".join(parts),

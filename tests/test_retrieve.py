@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import kindex
 import kindex.analysis
+import kindex.fitting
 import kindex.kb
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
@@ -125,6 +126,26 @@ def test_budget_is_respected_and_a_long_document_gives_its_head_and_matching_sec
     assert len(pieces) > 1 and all(p in original for p in pieces)  # whole sections, in document order
     assert "### 赠送的会员时长" in kept  # the section the question is about, though far from the head
     assert [original.index(p) for p in pieces] == sorted(original.index(p) for p in pieces)
+
+
+def test_a_long_document_is_cut_by_the_heaviest_words_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each question word costs the cut a scan of the document: a 20,000-character message held by a document of
+    # 60,000 sections took 40 s. Only the words the document holds count, and of those the heaviest.
+    words = [f"widget{i:03d}" for i in range(100)]
+    body = "# 组件手册\n\n组件说明。\n\n" + "".join(f"## {w}\n\n{w} 的参数说明。{'填充' * 200}\n\n" for w in words)
+    kb = make_kb(tmp_path, {"t/manual.md": (_doc("manual.md", "组件手册", "组件说明"), body)})
+    seen: list[list[str]] = []
+    real = kindex.fitting.fit_to_budget
+
+    def spy(text: str, budget: int, terms: list[str]) -> str | None:
+        seen.append(list(terms))
+        return real(text, budget, terms)
+
+    monkeypatch.setattr(kindex.retrieve, "fit_to_budget", spy)
+    ctx = kindex.build_context(kb, "组件手册 " + " ".join(words) + " unknownword", budget_tokens=2000)
+    assert ctx.items[0].path == "t/manual.md" and ctx.items[0].truncated
+    assert len(seen) == 1 and len(seen[0]) == kindex.retrieve.MAX_FIT_TERMS
+    assert "unknownword" not in seen[0] and set(seen[0]) <= {*words, "widget", "组件", "手册", "组件手册"}
 
 
 def test_a_cut_never_lands_inside_a_code_block_and_a_huge_first_block_is_cut_at_a_line() -> None:
