@@ -92,7 +92,7 @@ def main() -> None:
 
     def best_cover(kb: Path, message: str) -> float:
         loaded = kindex.KnowledgeBase(kb).retriever.loaded()  # a fresh load: it reads BODY_COVER
-        scored = retrieve._score(loaded, retrieve._query_terms(message, loaded))
+        scored = retrieve._scored(loaded, message)
         cand = (scored.scores > 0) & ~loaded.conditional
         return float(scored.cover()[cand].max()) if cand.any() else 0.0
 

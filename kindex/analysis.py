@@ -51,6 +51,7 @@ _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 """English endings cut off a word ("FastAPI's" is about FastAPI); a whole contraction may be a stop word."""
 _PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[^\W\d_A-Za-z]+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
+_HAN_RUN = re.compile(rf"[{_HAN}]+")
 MAX_WORD = 64
 """Longer Latin "words" are hashes, base64 or garbage: no one searches for them."""
 MAX_VOCAB_TERM = 8
@@ -333,6 +334,32 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
             if len(word) <= MAX_WORD:
                 out.extend(_word_terms(word))
     return out
+
+
+def value_terms(text: str) -> frozenset[str]:
+    """The terms of ``text`` that come only from its values: URLs, e-mail addresses, and words that mix letters
+    and digits (a ticket ``INC0012345``, a host ``DESKTOP-8F3K2J``, a user ``zhangsan01``, a code ``0x80180014``).
+
+    A question names its subject with words; a value it carries (whom, which machine, which error) is about the
+    asker's case, as a number is. Linear: a split on white space and Chinese runs, the tokenizer's own regex.
+    """
+    values: list[str] = []
+    rest: list[str] = []
+    for token in unicodedata.normalize("NFKC", text).split():
+        for piece in _HAN_RUN.split(token) if _HAN_CHAR.search(token) else (token,):
+            if "://" in piece or "@" in piece:
+                values.append(piece)
+                continue
+            kept = piece
+            for m in _TOKEN.finditer(piece):
+                word = m.group("word")
+                if word and any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
+                    values.append(word)
+                    kept = kept.replace(word, " ")
+            rest.append(kept)
+    if not values:
+        return frozenset()
+    return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
 
 
 def term_counts(text: str, vocab: frozenset[str] = frozenset()) -> Counter[str]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import analyze, background_rate, has_han
+from kindex.analysis import analyze, background_rate, has_han, value_terms
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
@@ -281,6 +281,8 @@ class _Term:
     """Per document of ``docs``: the share of the term's weight it covers (:attr:`_Row.cover`)."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
+    value: bool = False
+    """The KB does not hold it and it comes only from the question's values (:func:`value_terms`): no weight."""
 
     @property
     def df(self) -> int:
@@ -303,8 +305,9 @@ class _Scored:
 
     @property
     def known(self) -> bool:
-        """Every term of the question is one the KB uses: the subject rule (``MIN_SUBJECT``) does not apply."""
-        return all(t.df for t in self.per_term)
+        """Every word of the question is one the KB uses (its values aside): the subject rule (``MIN_SUBJECT``)
+        does not apply."""
+        return all(t.df or t.value for t in self.per_term)
 
     def on_topic(self, docs: npt.NDArray[np.intp], min_relevance: float) -> bool:
         """Whether one of ``docs`` covers ``min_relevance`` of the question and, unless the KB uses every word of
@@ -425,6 +428,11 @@ def _query_terms(message: str, loaded: _Loaded) -> list[str]:
     return list(dict.fromkeys(analyze(_bounded(message), loaded.index.vocab)))
 
 
+def _scored(loaded: _Loaded, message: str) -> _Scored:
+    """The scores of every document for ``message`` (see :func:`_score`)."""
+    return _score(loaded, _query_terms(message, loaded), value_terms(_bounded(message)))
+
+
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Plain BM25 saturation of a body frequency (the ranking weight of the body field taken out again), so the
     on-topic decision does not move when the body's ranking weight is tuned."""
@@ -491,8 +499,11 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     return row
 
 
-def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
-    """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed."""
+def _score(loaded: _Loaded, terms: list[str], values: frozenset[str] = frozenset()) -> _Scored:
+    """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
+    (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
+    nothing, as numbers do: a ticket number or a user name the KB cannot know says nothing of what is asked, and
+    ``退款多久到账 用户 zhangsan01`` is about refunds."""
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     covered = np.zeros(n, dtype=np.float32)
@@ -509,8 +520,10 @@ def _score(loaded: _Loaded, terms: list[str]) -> _Scored:
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
             if row.weight:
                 np.add.at(covered, row.docs, row.weighted_cover)
-        total += row.weight
-        per_term.append(_Term(term, row.idf, row.weight, row.docs, row.cover, row.subject))
+        value = not df and term in values
+        weight = 0.0 if value else row.weight
+        total += weight
+        per_term.append(_Term(term, row.idf, weight, row.docs, row.cover, row.subject, value))
     return _Scored(terms, scores, per_term, covered, total)
 
 
@@ -669,7 +682,7 @@ class Retriever:
         if limit is not None and limit < 1:
             raise UsageError(f"limit must be at least 1 (or None for all), got {limit}")
         loaded = self.loaded()
-        scored = _score(loaded, _query_terms(message, loaded))
+        scored = _scored(loaded, message)
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
         held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
         items = [h.item(m) for h, m in zip(hits, held, strict=True)]
@@ -723,7 +736,7 @@ class Retriever:
             fallback_docs = (fallback_docs,)
         root = self.root
         loaded = self.loaded()
-        scored = _score(loaded, _query_terms(message, loaded))
+        scored = _scored(loaded, message)
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
         fallback = not any(h.reason == "matched" for h in hits)
         reason = "matched the question"

@@ -102,3 +102,15 @@ def test_the_kb_vocabulary_keeps_words_the_segmenter_cuts_apart_but_no_stop_word
     # 时区 is 时 (a stop word) + 区 to jieba; 请用 is 请 + 用, both stop words: a heading "请用 HTTPS" must not make
     # every "请用中文…" match it.
     assert analysis.vocabulary(["时区", "请用 HTTPS", "会用", "企业采购", "数据的导入"]) == {"时区", "企业采购"}
+
+
+def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None:
+    assert analysis.value_terms("退款多久到账 用户 zhangsan01") == {"zhangsan01", "zhangsan"}
+    assert analysis.value_terms("错误0x80180014怎么办") == {"0x80180014"}
+    assert analysis.value_terms("设备 DESKTOP-8F3K2J") == {"desktop-8f3k2j", "desktop"}
+    assert analysis.value_terms("john.doe@contoso.com 退款") >= {"john", "contoso"}
+    url = analysis.value_terms("访问https://portal.contoso.cn/x报错")  # no space between Chinese and the URL
+    assert {"portal", "contoso"} <= url and not url & {"访问", "报错"}
+    assert analysis.value_terms("contoso 和 zhangsan01") == {"zhangsan01", "zhangsan"}  # contoso is said as a word
+    assert analysis.value_terms("2024年的发票 CORS middleware") == frozenset()  # numbers and words are no values
+    assert analysis.value_terms("a1" * 100_000) == frozenset()  # longer than any word: no term at all

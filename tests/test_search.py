@@ -96,6 +96,24 @@ def test_a_question_made_only_of_words_the_kb_uses_needs_no_subject(indexed: Pat
     assert not ctx.fallback and message in ctx.items[0].matched
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["用户 zhangsan01", "工单 INC0012345", "错误 0x80180014", "john.doe@contoso.com", "https://portal.contoso.cn/x"],
+)
+def test_a_value_the_kb_cannot_know_does_not_push_a_question_off_topic(indexed: Path, value: str) -> None:
+    # A name the KB never uses weighs twice its rarity (git, MySQL: another product). A user name, a ticket, an
+    # error code, an address is the asker's case, not what is asked: it weighs nothing, as a number does.
+    ctx = kindex.build_context(indexed, f"退款多久到账 {value}")
+    assert not ctx.fallback and ctx.items[0].path == "billing/退款政策.md"
+
+
+def test_a_value_the_kb_holds_weighs_as_its_words(indexed: Path) -> None:
+    loaded = kindex.KnowledgeBase(indexed).retriever.loaded()
+    terms = {t.term: t for t in kindex.retrieve._scored(loaded, "HMAC-SHA256 zhangsan01").per_term}
+    assert terms["hmac-sha256"].weight > 0 and not terms["hmac-sha256"].value  # the signature the API pages name
+    assert terms["zhangsan01"].weight == 0 and terms["zhangsan01"].value
+
+
 @pytest.mark.parametrize("message", ["邮箱", "收入支出怎么记", "微信", "税号", "营业执照", "invalid_signature"])
 def test_words_of_the_kb_found_only_in_bodies_are_still_on_topic(indexed: Path, message: str) -> None:
     # The subject a question shares is counted wherever the document holds its words: a passing mention already
