@@ -618,8 +618,32 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
 
 
 def check_relevance(min_relevance: float) -> None:
-    if not 0.0 <= min_relevance <= 1.0:
-        raise UsageError(f"min_relevance must be between 0 and 1, got {min_relevance}")
+    """:class:`UsageError` unless ``min_relevance`` is a number from 0 to 1 (NaN is not)."""
+    if not _number(min_relevance) or not 0.0 <= min_relevance <= 1.0:
+        raise UsageError(f"min_relevance must be between 0 and 1, got {min_relevance!r}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _texts(name: str, value: object) -> tuple[str, ...]:
+    """``value`` as names: one given bare is one name, not a list of characters; anything else is refused."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise UsageError(f"{name} must be a list of strings, got {value!r}"[:300])
+
+
+def _message(message: object) -> str:
+    if not isinstance(message, str):
+        raise UsageError(f"the message must be a string, got {type(message).__name__}")
+    return message
 
 
 def _scope(message: str, paths: Sequence[str]) -> list[str]:
@@ -679,8 +703,9 @@ class Retriever:
         its informative weight.
         """
         check_relevance(min_relevance)
-        if limit is not None and limit < 1:
-            raise UsageError(f"limit must be at least 1 (or None for all), got {limit}")
+        if limit is not None and (not _whole(limit) or limit < 1):
+            raise UsageError(f"limit must be at least 1 (or None for all), got {limit!r}")
+        message, paths = _message(message), _texts("paths", paths)
         loaded = self.loaded()
         scored = _scored(loaded, message)
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
@@ -727,13 +752,15 @@ class Retriever:
         overview written from the root index's entries. A document longer than the room left hands over its head
         and the sections that match the question.
         """
-        if not MIN_BUDGET_TOKENS <= budget_tokens <= MAX_BUDGET_TOKENS:
-            raise UsageError(f"budget_tokens must be {MIN_BUDGET_TOKENS} to {MAX_BUDGET_TOKENS:,}, got {budget_tokens}")
-        if not 1 <= max_docs <= MAX_DOCS_LIMIT:
-            raise UsageError(f"max_docs must be 1 to {MAX_DOCS_LIMIT}, got {max_docs}")
+        if not _whole(budget_tokens) or not MIN_BUDGET_TOKENS <= budget_tokens <= MAX_BUDGET_TOKENS:
+            raise UsageError(
+                f"budget_tokens must be {MIN_BUDGET_TOKENS} to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}"
+            )
+        if not _whole(max_docs) or not 1 <= max_docs <= MAX_DOCS_LIMIT:
+            raise UsageError(f"max_docs must be 1 to {MAX_DOCS_LIMIT}, got {max_docs!r}")
         check_relevance(min_relevance)
-        if isinstance(fallback_docs, str):  # one name given bare, not as a list of characters
-            fallback_docs = (fallback_docs,)
+        message, paths = _message(message), _texts("paths", paths)
+        fallback_docs = _texts("fallback_docs", fallback_docs)
         root = self.root
         loaded = self.loaded()
         scored = _scored(loaded, message)

@@ -142,6 +142,47 @@ def test_search_limit_must_be_positive(indexed: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"budget_tokens": 50.0}, "budget_tokens must be"),
+        ({"budget_tokens": "100"}, "budget_tokens must be"),
+        ({"max_docs": True}, "max_docs must be"),
+        ({"min_relevance": "0.3"}, "min_relevance must be"),
+        ({"min_relevance": float("nan")}, "min_relevance must be"),
+        ({"fallback_docs": [123]}, "fallback_docs must be a list of strings"),
+        ({"paths": [None]}, "paths must be a list of strings"),
+    ],
+)
+def test_library_arguments_of_the_wrong_type_are_usage_errors(indexed: Path, kw: dict[str, object], error: str) -> None:
+    # The HTTP service validates its bodies; the library's callers get the same clear refusal, not a TypeError
+    # from deep inside (a float budget failed while slicing text, a string threshold while comparing).
+    with pytest.raises(kindex.UsageError, match=error):
+        kindex.build_context(indexed, "退款多久到账", **kw)
+    with pytest.raises(kindex.UsageError, match="limit must be at least 1"):
+        kindex.search(indexed, "退款", limit=2.5)
+    with pytest.raises(kindex.UsageError, match="the message must be a string"):
+        kindex.build_context(indexed, b"bytes")  # type: ignore[arg-type]
+
+
+def test_one_path_given_bare_is_one_path_not_its_characters(indexed: Path) -> None:
+    as_list = kindex.build_context(indexed, "组件怎么写", paths=["web/src/App.tsx"])
+    bare = kindex.build_context(indexed, "组件怎么写", paths="web/src/App.tsx")
+    assert [i.path for i in bare.items] == [i.path for i in as_list.items]
+    assert any(i.reason.startswith("scope glob") for i in bare.items)
+
+
+def test_a_message_file_is_read_bounded_and_as_text_whatever_its_bytes(indexed: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xed\xa0\x80" + "退款多久到账".encode())  # a lone surrogate, as some editors write
+    result = CliRunner().invoke(main, ["context", str(indexed), "--message-file", str(bad), "--json"])
+    assert result.exit_code == 0 and orjson.loads(result.stdout)["items"][0]["path"] == "billing/退款政策.md"
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"a " * (4 * 2**20 + 1))  # just over 8 MiB (an endless /dev/zero is read no further)
+    result = CliRunner().invoke(main, ["context", str(indexed), "--message-file", str(huge)])
+    assert result.exit_code == 2 and "longer than 8 MiB" in result.stderr
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "# 退款标题" + " #" * 40_000 + "x",

@@ -138,6 +138,8 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
         ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": 1}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "min_relevance": 1.5}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "min_relevance": False}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": "100"}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "max_docs": True}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": [""]}, 422, "invalid_request"),
         ("GET", "/v1/nowhere", None, 404, "not_found"),
     ],

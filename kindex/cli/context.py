@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import BinaryIO
 
 import click
 import orjson
@@ -18,14 +18,30 @@ from kindex.retrieve import (
 )
 from kindex.skillmodel import SkillShelf
 
+MAX_MESSAGE_BYTES = 8 * 2**20
+"""A message read from a file or standard input: far more than any chat message, and never an endless stream
+(``/dev/zero``) or a 50 MB paste held whole in memory for the 20,000 characters retrieval reads of it."""
+
+
+def _read_message(stream: BinaryIO) -> str:
+    data = stream.read(MAX_MESSAGE_BYTES + 1)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise click.UsageError(
+            f"the message is longer than {MAX_MESSAGE_BYTES // 2**20} MiB; only its first and last 10,000 "
+            "characters are used: pass those"
+        )
+    # Bytes that are not UTF-8 (a lone surrogate, a Latin-1 file) read as U+FFFD, as on the command line.
+    return data.decode("utf-8", errors="replace")
+
 
 @click.command()
 @kb_arg
 @click.argument("message", required=False)
 @click.option(
     "--message-file",
-    type=click.File("r", encoding="utf-8"),
-    help="Read the message from this file (`-`: standard input); for messages too long for a command line.",
+    type=click.File("rb"),
+    help="Read the message from this file (`-`: standard input); for messages too long for a command line. "
+    f"UTF-8; at most {MAX_MESSAGE_BYTES // 2**20} MiB (only its first and last 10,000 characters are used).",
 )
 @click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
 @click.option(
@@ -58,7 +74,7 @@ from kindex.skillmodel import SkillShelf
 def context(
     kb: str,
     message: str | None,
-    message_file: TextIO | None,
+    message_file: BinaryIO | None,
     paths: tuple[str, ...],
     budget: int | None,
     max_docs: int | None,
@@ -79,9 +95,9 @@ def context(
     if message is not None and message_file is not None:
         raise click.UsageError("give MESSAGE or --message-file, not both")
     if message_file is not None:
-        message = message_file.read()
+        message = _read_message(message_file)
     elif message == "-":
-        message = sys.stdin.read()
+        message = _read_message(sys.stdin.buffer)
     elif message is None:
         raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
     # The retriever and the skill shelf alone, not the whole KB handle: a one-shot command loads only the read path.

@@ -44,16 +44,22 @@ class ContextRequest(BaseModel):
     )
     budget_tokens: int | None = Field(
         default=None,
+        strict=True,  # as min_relevance: "100" and true are refused, not read as 100 and 1
         ge=MIN_BUDGET_TOKENS,
         le=MAX_BUDGET_TOKENS,
         description=f"Default: the agent's setting (kindex.toml, else {DEFAULT_BUDGET_TOKENS}).",
     )
     max_docs: int | None = Field(
-        default=None, ge=1, le=MAX_DOCS_LIMIT, description=f"Default: the agent's setting (else {DEFAULT_MAX_DOCS})."
+        default=None,
+        strict=True,
+        ge=1,
+        le=MAX_DOCS_LIMIT,
+        description=f"Default: the agent's setting (else {DEFAULT_MAX_DOCS}).",
     )
     min_relevance: float | None = Field(
         default=None,
         strict=True,
+        allow_inf_nan=False,  # NaN is "not a finite number", not "should be at most 1"
         ge=0.0,
         le=1.0,
         description="On topic when a document covers this share of the question's informative weight (and, if "
