@@ -251,3 +251,49 @@ def cached_count(kb: Path) -> int:
         return 0
     with sqlite3.connect(path) as db:
         return int(db.execute("SELECT count(*) FROM answers").fetchone()[0])
+
+
+def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
+    kb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import kindex.server.state as server_state
+
+    shutil.copytree(SAMPLE_KB, kb_root / "agent2", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    monkeypatch.setattr(server_state, "CALLS_PER_AGENT", 1)
+    inside: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def fake_context(self: kindex.KnowledgeBase, message: str, **kw: Any) -> kindex.Context:
+        inside.append(self.path.name)
+        if message == "block":
+            entered.set()
+            release.wait(30)
+        inside.remove(self.path.name)
+        return kindex.Context.model_construct(
+            text="x", items=(), fallback=True, reason="r", missing=(), budget_tokens=1000
+        )
+
+    monkeypatch.setattr(kindex.KnowledgeBase, "context", fake_context)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings())
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=AUTH) as client:
+            first = asyncio.create_task(client.post(f"{BASE}/context", json={"message": "block"}))
+            await asyncio.to_thread(entered.wait, 30)
+            second = asyncio.create_task(client.post(f"{BASE}/context", json={"message": "queued"}))
+            gate = app.state.kindex.gates["agent1"]
+            for _ in range(100_000):  # event-loop turns until the second request reaches the gate; no clock
+                if gate.waiting:
+                    break
+                await asyncio.sleep(0)
+            assert gate.waiting == 1 and inside == ["agent1"]  # it waits on the loop, holding no worker thread
+            other = "/v1/agents/agent2/knowledge/context"
+            r = await asyncio.wait_for(client.post(other, json={"message": "other"}), timeout=30)
+            assert r.status_code == 200 and not second.done()  # another agent is served meanwhile
+            release.set()
+            assert (await first).status_code == 200 and (await second).status_code == 200
+
+    asyncio.run(scenario())

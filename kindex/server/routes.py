@@ -91,16 +91,18 @@ async def reindex(agent_id: str, request: Request, wait: bool = _WAIT) -> Respon
 async def context(agent_id: str, body: ContextRequest, request: Request) -> Response:
     # Off the event loop: a warm call is a few ms, but the first call after a reindex loads the tables (and a KB
     # whose tables are missing is analysed in full), which must not stall other agents' requests.
-    kb = server_state(request).handle(agent_id)
-    ctx = await run_in_threadpool(
-        kb.context,
-        body.message,
-        paths=body.paths,
-        budget_tokens=body.budget_tokens,
-        max_docs=body.max_docs,
-        min_relevance=body.min_relevance,
-        fallback_docs=body.fallback_docs,
-    )
+    state = server_state(request)
+    kb = state.handle(agent_id)
+    async with state.gate(agent_id):  # one agent's flood waits its turn; other agents find workers free
+        ctx = await run_in_threadpool(
+            kb.context,
+            body.message,
+            paths=body.paths,
+            budget_tokens=body.budget_tokens,
+            max_docs=body.max_docs,
+            min_relevance=body.min_relevance,
+            fallback_docs=body.fallback_docs,
+        )
     return Response(ctx.model_dump_json(), media_type=_JSON)
 
 
@@ -182,8 +184,11 @@ def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
 
 
 @skills_router.post("/find", response_model=list[SkillHit], summary="Skills matching a query, one hit each")
-def find(agent_id: str, body: FindRequest, request: Request) -> Any:
-    return _library(server_state(request), agent_id).find_skills(body.query, limit=body.limit, levels=body.levels)
+async def find(agent_id: str, body: FindRequest, request: Request) -> Any:
+    state = server_state(request)
+    kb = await run_in_threadpool(_library, state, agent_id)
+    async with state.gate(agent_id):
+        return await run_in_threadpool(kb.find_skills, body.query, limit=body.limit, levels=body.levels)
 
 
 @skills_router.post("/import", response_model=ImportResult, summary="Install a one-skill ZIP (multipart `file`)")

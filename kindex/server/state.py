@@ -3,6 +3,7 @@ request passes (the token, or without one: this machine only)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import threading
 from dataclasses import dataclass, field
@@ -22,6 +23,30 @@ from kindex.watch import Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
+CALLS_PER_AGENT = 4
+"""Read requests (context, skill search) one agent has computing at once; more wait their turn on the event loop,
+holding no worker thread. A warm call takes a few ms, so four serve hundreds a second; but a 20,000-character
+message over a large KB takes about half a second of CPU, and 48 of them at once held every worker of the shared
+pool and stalled another agent's 4 ms call for up to 16 s."""
+
+
+class AgentGate:
+    """At most ``CALLS_PER_AGENT`` read requests of one agent computing at once (an asyncio semaphore that says how
+    many wait)."""
+
+    def __init__(self, calls: int) -> None:
+        self._free = asyncio.Semaphore(calls)
+        self.waiting = 0
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._free.release()
 
 
 @dataclass
@@ -37,11 +62,20 @@ class ServerState:
     queued: bool = False
     """Steps run on queue workers (``kindex serve --queue``), not in this process."""
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
+    gates: dict[str, AgentGate] = field(default_factory=dict)
+    """Per agent whose folder exists (so bounded by the folders), made on the event loop of its first request."""
     _handles: Handles | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._handles = Handles(MAX_LOADED_AGENTS, flags=self.flags, client=self.client)
+
+    def gate(self, agent_id: str) -> AgentGate:
+        """The agent's :class:`AgentGate`; call on the event loop, after the agent's folder was checked."""
+        gate = self.gates.get(agent_id)
+        if gate is None:
+            gate = self.gates[agent_id] = AgentGate(CALLS_PER_AGENT)
+        return gate
 
     def handle(self, agent_id: str) -> KnowledgeBase:
         """The agent's KB handle (its tables stay loaded between requests, within :data:`MAX_LOADED_AGENTS`)."""
