@@ -21,7 +21,9 @@ Baselines, on the same documents in the same run (bm25s, k1 1.5, b 0.75):
   bm25s-char:  full text, character unigrams + bigrams (Han), Latin words;
   bm25s-kx:    the index entry (title, tags, summary, questions) + full text, with kindex's own analysis.
 A kindex ranking that falls back (off topic) counts as a miss. Per set: Hit@1, Hit@5, MRR@10, nDCG@10, and per
-question wins/losses (nDCG@10) against the best baseline of that set.
+question wins/losses (nDCG@10) against the best baseline of that set. The hand-written and helper dev questions are
+also asked with one of VALUES appended (a user name, a ticket, an e-mail address…), which must not push them off
+topic.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import re
 import shutil
 import sys
@@ -45,6 +48,18 @@ import kindex  # noqa: E402
 from kindex.analysis import analyze  # noqa: E402
 from kindex.searchindex import read_entries  # noqa: E402
 
+VALUES = (
+    "用户 zhangsan01",
+    "工单 INC0012345",
+    "错误码 0x80180014",
+    "主机 DESKTOP-8F3K2J",
+    "我的邮箱 john.doe@contoso.com",
+    "地址 https://portal.contoso.cn/x",
+    "ticket JIRA-4411",
+    "订单号 A20240518X93",
+)
+"""Values a support message carries (a user, a ticket, an error code, a host, an address): appended one at a time to
+the dev questions, they must not push them off topic."""
 Ranker = Callable[[str], list[str]]
 Queries = list[tuple[str, list[str]]]
 KBS = {
@@ -181,6 +196,8 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     offtopic_rows: list[tuple[str, str, int, int]] = []
     on_topic_total = on_topic_fell = 0
+    with_value = [0, 0]  # dev questions with a value appended: [fell back, asked]
+    pick = random.Random(7)
     keyword_top3: list[float] = []
     tmp = tempfile.TemporaryDirectory()
     work = args.keep or Path(tmp.name)
@@ -237,6 +254,10 @@ def main() -> None:
             fell = sum(kindex.build_context(kb, q).fallback for q, _ in queries)
             on_topic_total += len(queries)
             on_topic_fell += fell
+            if set_name.startswith(("handwritten", "helper")):
+                noisy = [f"{q} {pick.choice(VALUES)}" for q, _ in queries]
+                with_value[0] += sum(kindex.build_context(kb, m).fallback for m in noisy)
+                with_value[1] += len(queries)
             if fell:
                 print(f"{name} {set_name}: {fell}/{len(queries)} on-topic questions fell back", file=sys.stderr)
         messages: dict[str, list[str]] = {}
@@ -288,6 +309,11 @@ def main() -> None:
         print(
             f"- keyword questions with a target in the top 3: {sum(keyword_top3):.0f}/{len(keyword_top3)} "
             f"({sum(keyword_top3) / len(keyword_top3):.1%})"
+        )
+    if with_value[1]:
+        print(
+            f"- dev questions with a value appended (a user, a ticket, an address: VALUES) that fell back: "
+            f"{with_value[0]}/{with_value[1]}"
         )
     for f, counts in helper_fell.items():
         if counts:
