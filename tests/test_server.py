@@ -297,3 +297,7 @@ def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
             assert (await first).status_code == 200 and (await second).status_code == 200
 
     asyncio.run(scenario())
+    # The same app served by a new event loop (a semaphore that waited once is bound to its loop) still gates.
+    entered.clear()
+    release.clear()
+    asyncio.run(scenario())

@@ -36,6 +36,7 @@ class AgentGate:
 
     def __init__(self, calls: int) -> None:
         self._free = asyncio.Semaphore(calls)
+        self.loop = asyncio.get_running_loop()
         self.waiting = 0
 
     async def __aenter__(self) -> None:
@@ -71,9 +72,11 @@ class ServerState:
         self._handles = Handles(MAX_LOADED_AGENTS, flags=self.flags, client=self.client)
 
     def gate(self, agent_id: str) -> AgentGate:
-        """The agent's :class:`AgentGate`; call on the event loop, after the agent's folder was checked."""
+        """The agent's :class:`AgentGate`; call on the event loop, after the agent's folder was checked. An app
+        served by a new event loop (a test client's) gets new gates: a semaphore that waited once is bound to its
+        loop."""
         gate = self.gates.get(agent_id)
-        if gate is None:
+        if gate is None or gate.loop is not asyncio.get_running_loop():
             gate = self.gates[agent_id] = AgentGate(CALLS_PER_AGENT)
         return gate
 
