@@ -350,13 +350,10 @@ def value_terms(text: str) -> frozenset[str]:
             if "://" in piece or "@" in piece:
                 values.append(piece)
                 continue
-            kept = piece
             for m in _TOKEN.finditer(piece):
                 word = m.group("word")
-                if word and any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
-                    values.append(word)
-                    kept = kept.replace(word, " ")
-            rest.append(kept)
+                mixed = word and any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+                (values if mixed else rest).append(m.group())
     if not values:
         return frozenset()
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))

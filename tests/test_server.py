@@ -301,3 +301,10 @@ def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
     entered.clear()
     release.clear()
     asyncio.run(scenario())
+
+
+def test_a_nan_threshold_is_refused_as_not_a_finite_number(app: FastAPI) -> None:
+    # Python's JSON reader takes NaN; it was refused as "should be less than or equal to 1".
+    body = b'{"message": "x", "min_relevance": NaN}'
+    r = call(app, "POST", f"{BASE}/context", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "finite number" in r.json()["error"]["message"], r.text
