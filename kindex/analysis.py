@@ -19,7 +19,13 @@
 - Stop words (particles, pronouns, question words, English function words) are no terms at all: they can neither
   make a match nor weigh in the on-topic decision.
 
+- A question's values (a ticket, a user, an address: :func:`value_terms`) and its code identifiers (``X-Nonce``,
+  ``next_cursor``: :func:`identifier_terms`) are told apart by the same tokenizer, for the on-topic decision.
+
 Every step is linear in the input: one tokenizing regex without nested quantifiers, bounded word lengths.
+
+Long because the segmenter's light path, its dictionary table and the term rules for documents and questions all
+share the one tokenizer, its stop lists and its stemmer.
 """
 
 from __future__ import annotations
@@ -357,6 +363,34 @@ def value_terms(text: str) -> frozenset[str]:
     if not values:
         return frozenset()
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
+
+
+def identifier_terms(text: str) -> frozenset[str]:
+    """The whole terms of ``text``'s code identifiers: names joined by ``_`` (``next_cursor``), header names whose
+    parts are capitalised (``X-Nonce``, ``Content-Type``), and lower camel case (``useEffect``).
+
+    An identifier names one thing exactly: where a document mentions it, even once in passing, the document speaks
+    of that thing, which an everyday word mentioned once does not show. Capitalised words (``GreptimeDB``,
+    ``iPhone``, ``Built-in``) are product names or prose, not identifiers. Linear: the tokenizer's own regex.
+    """
+    out: set[str] = set()
+    for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
+        word = m.group("word")
+        if word and len(word) <= MAX_WORD and _is_identifier(word):
+            whole = next(_word_terms(word), None)
+            if whole is not None and not whole.isdigit():
+                out.add(whole)
+    return frozenset(out)
+
+
+def _is_identifier(word: str) -> bool:
+    if "_" in word.strip("_"):
+        return True
+    head, _, rest = word.partition("-")
+    if rest and head[:1].isupper() and all(p[:1].isupper() for p in rest.split("-")):
+        return True
+    lower = len(word) - len(word.lstrip("abcdefghijklmnopqrstuvwxyz"))
+    return lower >= 2 and word[lower : lower + 1].isupper()
 
 
 def term_counts(text: str, vocab: frozenset[str] = frozenset()) -> Counter[str]:

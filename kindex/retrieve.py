@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import analyze, background_rate, has_han, value_terms
+from kindex.analysis import analyze, background_rate, has_han, identifier_terms, value_terms
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
@@ -430,7 +430,8 @@ def _query_terms(message: str, loaded: _Loaded) -> list[str]:
 
 def _scored(loaded: _Loaded, message: str) -> _Scored:
     """The scores of every document for ``message`` (see :func:`_score`)."""
-    return _score(loaded, _query_terms(message, loaded), value_terms(_bounded(message)))
+    bounded = _bounded(message)
+    return _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded))
 
 
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -499,11 +500,15 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     return row
 
 
-def _score(loaded: _Loaded, terms: list[str], values: frozenset[str] = frozenset()) -> _Scored:
+def _score(
+    loaded: _Loaded, terms: list[str], values: frozenset[str] = frozenset(), identifiers: frozenset[str] = frozenset()
+) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
     nothing, as numbers do: a ticket number or a user name the KB cannot know says nothing of what is asked, and
-    ``退款多久到账 用户 zhangsan01`` is about refunds."""
+    ``退款多久到账 用户 zhangsan01`` is about refunds. Of ``identifiers`` (:func:`identifier_terms`), a document
+    mentioning one covers it fully, wherever: ``X-Nonce`` or ``next_cursor`` asked alone is about the page that
+    mentions it, even once in a table."""
     n = loaded.n
     scores = np.zeros(n, dtype=np.float32)
     covered = np.zeros(n, dtype=np.float32)
@@ -519,7 +524,7 @@ def _score(loaded: _Loaded, terms: list[str], values: frozenset[str] = frozenset
             # document is once in a row, so it adds exactly what ``scores[docs] += ...`` would.
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
             if row.weight:
-                np.add.at(covered, row.docs, row.weighted_cover)
+                np.add.at(covered, row.docs, row.weight if term in identifiers else row.weighted_cover)
         value = not df and term in values
         weight = 0.0 if value else row.weight
         total += weight

@@ -116,3 +116,12 @@ def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None
     assert analysis.value_terms("a1" * 100_000) == frozenset()  # longer than any word: no term at all
     # 200,000 values in one 1.5 MB line without a space: linear (cutting each out of the line took 145 s).
     assert len(analysis.value_terms(",".join(f"a{i}" for i in range(200_000)))) == 200_000
+
+
+def test_identifiers_are_joined_by_underscores_capitalised_hyphens_or_lower_camel_case() -> None:
+    assert analysis.identifier_terms("next_cursor 怎么用") == {"next_cursor"}
+    assert analysis.identifier_terms("X-Nonce 和 Content-Type") == {"x-nonce", "content-type"}
+    assert analysis.identifier_terms("useEffect") == {"useeffect"}
+    # Product names and prose are not identifiers: capitalised camel case, lower-case hyphenation, one capital.
+    assert analysis.identifier_terms("GreptimeDB iPhone built-in Built-in x-nonce __init__ v1.2.3") == frozenset()
+    assert len(analysis.identifier_terms(" ".join(f"a_{i}" for i in range(100_000)))) == 100_000  # linear

@@ -114,6 +114,24 @@ def test_a_value_the_kb_holds_weighs_as_its_words(indexed: Path) -> None:
     assert terms["zhangsan01"].weight == 0 and terms["zhangsan01"].value
 
 
+@pytest.mark.parametrize("message", ["X-Nonce", "next_cursor", "next_cursor 怎么用", "Content-Type 填什么"])
+def test_an_identifier_mentioned_once_in_a_body_finds_its_page(indexed: Path, message: str) -> None:
+    # Each is in one table row or sentence of the API page: a passing mention of an everyday word covers little of
+    # a question, but an identifier names one thing exactly, and a developer pasting it wants the page that has it.
+    ctx = kindex.build_context(indexed, message)
+    assert not ctx.fallback and ctx.items[0].path == "developer/API快速入门.md"
+
+
+def test_an_identifier_in_a_body_is_covered_fully_and_its_parts_as_words(indexed: Path) -> None:
+    loaded = kindex.KnowledgeBase(indexed).retriever.loaded()
+    word, named = (kindex.retrieve._scored(loaded, m) for m in ("nonce", "X-Nonce"))
+    page = [d.path for d in loaded.index.docs].index("developer/API快速入门.md")
+    weights = {t.term: t.weight for t in named.per_term}
+    assert set(weights) == {"x-nonce", "nonc"} and word.terms == ["nonc"]
+    assert word.cover()[page] < 0.5  # a word mentioned in a body: part of it
+    assert named.covered[page] == pytest.approx(weights["x-nonce"] + weights["nonc"] * word.cover()[page])
+
+
 @pytest.mark.parametrize("message", ["邮箱", "收入支出怎么记", "微信", "税号", "营业执照", "invalid_signature"])
 def test_words_of_the_kb_found_only_in_bodies_are_still_on_topic(indexed: Path, message: str) -> None:
     # The subject a question shares is counted wherever the document holds its words: a passing mention already
