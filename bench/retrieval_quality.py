@@ -23,7 +23,7 @@ Baselines, on the same documents in the same run (bm25s, k1 1.5, b 0.75):
 A kindex ranking that falls back (off topic) counts as a miss. Per set: Hit@1, Hit@5, MRR@10, nDCG@10, and per
 question wins/losses (nDCG@10) against the best baseline of that set. The hand-written and helper dev questions are
 also asked with one of VALUES appended (a user name, a ticket, an e-mail address…), which must not push them off
-topic.
+topic; and code identifiers drawn from each corpus's pages are asked alone (:func:`identifier_queries`, dev).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ CORPORA = HERE.parent.parent / "shared" / "corpora"
 sys.path.insert(0, str(HERE.parent))
 
 import kindex  # noqa: E402
-from kindex.analysis import analyze  # noqa: E402
+from kindex.analysis import analyze, identifier_terms  # noqa: E402
 from kindex.searchindex import read_entries  # noqa: E402
 
 VALUES = (
@@ -151,6 +151,24 @@ def baselines(kb: Path) -> dict[str, Ranker]:
     }
 
 
+_IDENT = re.compile(r"(?<![\w.-])(?:[A-Za-z0-9]+(?:[-_.][A-Za-z0-9]+)+|[a-z]{2,}[A-Z][A-Za-z0-9]*)(?![\w])")
+
+
+def identifier_queries(kb: Path, k: int = 60) -> Queries:
+    """Code identifiers (:func:`kindex.analysis.identifier_terms`) without digits that one to three documents of
+    ``kb`` hold, ``k`` of them drawn with a fixed seed, each asked alone and with 是什么意思: the pages holding it
+    are the targets. Nobody wrote these questions: they are what a developer pastes from the docs."""
+    where: dict[str, set[str]] = {}
+    paths, texts = _docs(kb)
+    for rel, text in zip(paths, texts, strict=True):
+        for word in set(_IDENT.findall(text)):
+            if identifier_terms(word) and not any(c.isdigit() for c in word):
+                where.setdefault(word, set()).add(rel)
+    rare = sorted(w for w, docs in where.items() if len(docs) <= 3)
+    picked = random.Random(11).sample(rare, min(k, len(rare)))
+    return [(q, sorted(where[w])) for w in picked for q in (w, f"{w} 是什么意思")]
+
+
 def per_query(ranked: list[str], targets: list[str]) -> dict[str, float]:
     rel = [1 if p in targets else 0 for p in ranked[:10]]
     dcg = sum(r / math.log2(i + 2) for i, r in enumerate(rel))
@@ -197,6 +215,7 @@ def main() -> None:
     offtopic_rows: list[tuple[str, str, int, int]] = []
     on_topic_total = on_topic_fell = 0
     with_value = [0, 0]  # dev questions with a value appended: [fell back, asked]
+    identifiers = [0, 0, 0]  # identifier questions: [fell back, a page holding it in the context, asked]
     pick = random.Random(7)
     keyword_top3: list[float] = []
     tmp = tempfile.TemporaryDirectory()
@@ -260,6 +279,12 @@ def main() -> None:
                 with_value[1] += len(queries)
             if fell:
                 print(f"{name} {set_name}: {fell}/{len(queries)} on-topic questions fell back", file=sys.stderr)
+        if dev:
+            for q, targets in identifier_queries(kb):
+                ctx = kindex.build_context(kb, q)
+                identifiers[0] += ctx.fallback
+                identifiers[1] += not ctx.fallback and any(i.path in targets for i in ctx.items)
+                identifiers[2] += 1
         messages: dict[str, list[str]] = {}
         if dev:
             messages["dev"] = off_dev
@@ -314,6 +339,11 @@ def main() -> None:
         print(
             f"- dev questions with a value appended (a user, a ticket, an address: VALUES) that fell back: "
             f"{with_value[0]}/{with_value[1]}"
+        )
+    if identifiers[2]:
+        print(
+            f"- identifiers from the docs asked alone or with 是什么意思 (dev): fell back {identifiers[0]}/"
+            f"{identifiers[2]}, a page holding it in the context {identifiers[1]}/{identifiers[2]}"
         )
     for f, counts in helper_fell.items():
         if counts:
