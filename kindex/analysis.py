@@ -365,22 +365,24 @@ def value_terms(text: str) -> frozenset[str]:
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
 
 
-def identifier_terms(text: str) -> frozenset[str]:
-    """The whole terms of ``text``'s code identifiers: names joined by ``_`` (``next_cursor``), header names whose
-    parts are capitalised (``X-Nonce``, ``Content-Type``), and lower camel case (``useEffect``).
+def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
+    """The code identifiers of ``text``, each as its whole term and the terms of its parts: names joined by ``_``
+    (``next_cursor``), header names whose parts are capitalised (``X-Nonce``, ``Content-Type``), and lower camel
+    case (``useEffect``).
 
     An identifier names one thing exactly: where a document mentions it, even once in passing, the document speaks
-    of that thing, which an everyday word mentioned once does not show. Capitalised words (``GreptimeDB``,
-    ``iPhone``, ``Built-in``) are product names or prose, not identifiers. Linear: the tokenizer's own regex.
+    of that thing, which an everyday word mentioned once does not show; and its parts (``next``, ``cursor``) say
+    little once the whole is found. Capitalised words (``GreptimeDB``, ``iPhone``, ``Built-in``) are product names
+    or prose, not identifiers. Linear: the tokenizer's own regex.
     """
-    out: set[str] = set()
+    out: dict[str, tuple[str, ...]] = {}
     for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
         word = m.group("word")
         if word and len(word) <= MAX_WORD and _is_identifier(word):
-            whole = next(_word_terms(word), None)
-            if whole is not None and not whole.isdigit():
-                out.add(whole)
-    return frozenset(out)
+            terms = list(_word_terms(word))
+            if terms and len(_PART.findall(word)) > 1:  # else one part, stemmed: no whole term (``__init__``)
+                out[terms[0]] = tuple(terms[1:])
+    return out
 
 
 def _is_identifier(word: str) -> bool:

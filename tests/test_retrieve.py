@@ -469,3 +469,22 @@ def test_a_single_character_that_titles_a_document_is_a_subject(tmp_path: Path) 
     for message, path in (("税", "tax/tax.md"), ("锁", "tax/lock.md"), ("Kubernetes", "ops/deploy.md")):
         ctx = kindex.build_context(kb, message)
         assert not ctx.fallback and ctx.items[0].path == path, message
+
+
+def test_the_page_that_has_an_identifier_outranks_pages_titled_by_its_parts(tmp_path: Path) -> None:
+    # frame_end is one table row of the window-functions page; two other pages are titled by its parts. The parts
+    # of an identifier the KB holds whole are weak evidence (PART_WEIGHT): they tip ties, not the ranking.
+    kb = make_kb(
+        tmp_path,
+        {
+            "t/frames.md": (_doc("frames.md", "Frame end", "How frames end"), "# Frame end\n\nEvery frame has an end."),
+            "t/ends.md": (_doc("ends.md", "End of frame", "Ending frames"), "# End of frame\n\nThe frame ends here."),
+            "t/window.md": (
+                _doc("window.md", "Window functions", "Functions over a window of rows"),
+                "# Window functions\n\n| option | meaning |\n|---|---|\n| `frame_end` | the last row |\n",
+            ),
+        },
+    )
+    for question in ("frame_end", "frame_end 是什么意思"):
+        assert kindex.search(kb, question)[0].path == "t/window.md"
+    assert kindex.search(kb, "frame end")[0].path != "t/window.md"  # words, not the identifier
