@@ -73,9 +73,12 @@ def _cut(text: str, budget: int) -> str | None:
         while choice and cum[choice] + estimate_tokens(closing) > budget:
             choice -= 1
     kept = text[: lines[choice].start].rstrip() if choice < len(lines) else text.rstrip()
-    room = budget - cum[choice] - estimate_tokens(closing) - 1
+    # The start of an oversized line joins what is kept as it stood: after a blank line it is a paragraph of its
+    # own, and a single newline would merge it into the paragraph or heading before it.
+    sep = ("\n\n" if lines[k - 1].blank else "\n") if kept and k else ""
+    room = budget - cum[choice] - estimate_tokens(closing) - len(sep)
     if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
-        kept = (kept + "\n" if kept else "") + _char_cut(lines[k].text, room)
+        kept = kept + sep + _char_cut(lines[k].text, room)
     return (kept + closing).strip("\n") or None
 
 

@@ -169,6 +169,17 @@ def test_cut_to_budget_prefers_paragraph_and_heading_boundaries() -> None:
     assert cut_to_budget(text, 70) == two_sections and estimate_tokens(two_sections) <= 70  # whole sections only
 
 
+def test_an_oversized_paragraph_cut_into_stays_a_paragraph_of_its_own() -> None:
+    # Cut into at a character, the start of a long paragraph kept the one newline of its line break: under a
+    # heading it ran on from it, after another paragraph Markdown read both as one.
+    long = "这是一个很长的段落。" * 200
+    for head in ("# 标题", "# 标题\n\n第一段。"):
+        cut = cut_to_budget(f"{head}\n\n{long}\n", 100)
+        assert cut is not None and cut.startswith(f"{head}\n\n这是") and estimate_tokens(cut) <= 100
+    cut = cut_to_budget(f"# 标题\n第一行\n{long}", 100)  # lines of one paragraph stay one paragraph
+    assert cut is not None and cut.startswith("# 标题\n第一行\n这是")
+
+
 def test_identical_scores_are_ordered_by_path(tmp_path: Path) -> None:
     entry = ("退款 说明", "退款")
     kb = make_kb(
