@@ -366,14 +366,14 @@ def value_terms(text: str) -> frozenset[str]:
 
 
 def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
-    """The code identifiers of ``text``, each as its whole term and the terms of its parts: names joined by ``_``
-    (``next_cursor``), header names whose parts are capitalised (``X-Nonce``, ``Content-Type``), and lower camel
-    case (``useEffect``).
+    """The identifiers of ``text``, each as its whole term and the terms of its parts: names joined by ``_``
+    (``next_cursor``), header names whose parts are capitalised (``X-Nonce``, ``Content-Type``), lower camel case
+    (``useEffect``), and words that mix letters and digits (an error code ``0x87D1041C``, ``HMAC-SHA256``, ``k8s``).
 
-    An identifier names one thing exactly: where a document mentions it, even once in passing, the document speaks
-    of that thing, which an everyday word mentioned once does not show; and its parts (``next``, ``cursor``) say
-    little once the whole is found. Capitalised words (``GreptimeDB``, ``iPhone``, ``Built-in``) are product names
-    or prose, not identifiers. Linear: the tokenizer's own regex.
+    An identifier names one thing exactly: where a document mentions it, even once in passing or deep in a long
+    reference page, the document speaks of that thing, which an everyday word mentioned once does not show; and
+    its parts (``next``, ``cursor``) say little once the whole is found. Capitalised words (``GreptimeDB``,
+    ``iPhone``, ``Built-in``) are product names or prose, not identifiers. Linear: the tokenizer's own regex.
     """
     out: dict[str, tuple[str, ...]] = {}
     for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
@@ -386,7 +386,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _is_identifier(word: str) -> bool:
-    if "_" in word.strip("_"):
+    if "_" in word.strip("_") or (any(c.isdigit() for c in word) and any(c.isalpha() for c in word)):
         return True
     head, _, rest = word.partition("-")
     if rest and head[:1].isupper() and all(p[:1].isupper() for p in rest.split("-")):

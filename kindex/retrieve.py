@@ -102,6 +102,8 @@ MAX_FIT_TERMS = 32
 """A document cut to the budget keeps the sections holding most of the question's words: of the words it holds,
 the heaviest this many. Each word costs a scan of the document, and a 20,000-character message held by a document
 of 60,000 sections made one call take 40 s; a question's subject is in its few heaviest words."""
+_EXACT = "\0"
+"""Prefix of an exact row's key in :attr:`_Loaded.rows` (no term holds a NUL)."""
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _README_NAMES = ("readme.md", "index.md")
@@ -134,7 +136,7 @@ class _Row:
     """Per document: BM25F of the term plus the entry boost, before the term's weight in the question."""
     cover: npt.NDArray[np.float32]
     """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
-    times the saturated body frequency (one passing mention counts little)."""
+    times the saturated body frequency (one passing mention counts little); 1 wherever for an exact row."""
     idf: float
     weight: float
     """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
@@ -448,13 +450,18 @@ def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float
     return (tf / (K1 + tf)).astype(np.float32)
 
 
-def _row(loaded: _Loaded, term: str) -> _Row:
+def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     """The row of ``term`` (see :class:`_Row`), computed on its first use and kept: a KB's questions come back to
     the same few hundred words, and combining a term's postings field by field was most of a call's cost.
 
+    ``exact``: the row of an identifier the question names (:func:`identifier_terms`). A mention of it covers it
+    fully, and its body frequency is not normalised by the body's length: ``0x87D1041C`` in one row of a long
+    table of error codes is as much that page's subject as a short page's. Kept beside the term's plain row.
+
     Two threads may both compute a new term's row; they compute the same one and either may be kept.
     """
-    row = loaded.rows.get(term)
+    key = _EXACT + term if exact else term
+    row = loaded.rows.get(key)
     if row is not None:
         return row
     n = loaded.n
@@ -477,7 +484,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
     for name, (d, tf) in hits:
         occurrences += float(tf.sum())
         if name == "body":
-            body_w[d] = tf * loaded.inv[name][d]
+            body_w[d] = tf * (FIELD_WEIGHTS[name] if exact else loaded.inv[name][d])
         else:
             entry_w[d] += tf * loaded.inv[name][d]
             if name in ("title", "tags"):
@@ -493,7 +500,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
-    cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
+    cover = np.ones(len(docs), np.float32) if exact else np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
     weight = informative(term, idf, len(docs), kb_rate, named_rate)
     subj = subject(term, len(docs), kb_rate, named_rate)
@@ -503,7 +510,7 @@ def _row(loaded: _Loaded, term: str) -> _Row:
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
     row = _Row(docs, gain * np.float32(rank), cover, idf, weight, rank, weight * cover, subj)
-    loaded.rows[term] = row
+    loaded.rows[key] = row
     return row
 
 
@@ -517,9 +524,9 @@ def _score(
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
     nothing, as numbers do: a ticket number or a user name the KB cannot know says nothing of what is asked, and
     ``退款多久到账 用户 zhangsan01`` is about refunds. Of ``identifiers`` (:func:`identifier_terms`: whole term → its
-    parts' terms), a document mentioning one covers it fully, wherever: ``X-Nonce`` or ``next_cursor`` asked alone
-    is about the page that mentions it, even once in a table. Where the KB holds an identifier whole, its parts
-    rank ``PART_WEIGHT`` of their gain."""
+    parts' terms), a document mentioning one covers it fully, wherever, and ranks by it whatever its length (the
+    term's exact row: :func:`_row`): ``X-Nonce`` or ``next_cursor`` asked alone is about the page that mentions it,
+    even once in a table. Where the KB holds an identifier whole, its parts rank ``PART_WEIGHT`` of their gain."""
     n = loaded.n
     weak = {p for whole, parts in identifiers.items() if len(_row(loaded, whole).docs) for p in parts}
     scores = np.zeros(n, dtype=np.float32)
@@ -528,6 +535,8 @@ def _score(
     per_term: list[_Term] = []
     for term in terms:
         row = _row(loaded, term)
+        if len(row.docs) and term in identifiers:
+            row = _row(loaded, term, exact=True)
         df = len(row.docs)
         if df:
             # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
@@ -536,7 +545,7 @@ def _score(
             # document is once in a row, so it adds exactly what ``scores[docs] += ...`` would.
             np.add.at(scores, row.docs, row.gain if qw == 1.0 else qw * row.gain)
             if row.weight:
-                np.add.at(covered, row.docs, row.weight if term in identifiers else row.weighted_cover)
+                np.add.at(covered, row.docs, row.weighted_cover)
         value = not df and term in values
         weight = 0.0 if value else row.weight
         total += weight

@@ -499,3 +499,31 @@ def test_the_page_that_has_an_identifier_outranks_pages_titled_by_its_parts(tmp_
     for question in ("frame_end", "frame_end 是什么意思"):
         assert kindex.search(kb, question)[0].path == "t/window.md"
     assert kindex.search(kb, "frame end")[0].path != "t/window.md"  # words, not the identifier
+
+
+def test_an_error_code_deep_in_a_long_table_finds_its_page(tmp_path: Path) -> None:
+    # The code is one row of 300 in the error-code reference; the question's other words are everywhere. The code
+    # weighs most of the question, and one mention in a long body covered little of it: the question fell back.
+    # An identifier's mention covers it, and ranks whatever the page's length.
+    rows = "".join(f"| 0x87D1{i:04X} | 错误说明 {i} |\n" for i in range(1000, 1300))
+    docs = {
+        f"t/app{i}.md": (
+            _doc(f"app{i}.md", f"应用部署 {i}", "部署应用"),
+            f"# 应用部署 {i}\n\nWin32 应用安装报错时的处理。",
+        )
+        for i in range(30)
+    }
+    docs["t/codes.md"] = (
+        _doc("codes.md", "错误代码", "错误代码参考"),
+        f"# 错误代码\n\n| 代码 | 说明 |\n|---|---|\n{rows}",
+    )
+    docs["t/win32.md"] = (
+        _doc("win32.md", "Win32 应用安装报错", "排查 Win32 应用安装"),
+        "# Win32 应用安装报错\n\n看日志。",
+    )
+    kb = make_kb(tmp_path, docs)
+    ctx = kindex.build_context(kb, "Win32 应用安装报错 0x87D1041C")
+    assert not ctx.fallback and {i.path for i in ctx.items[:2]} == {"t/codes.md", "t/win32.md"}
+    loaded = kindex.KnowledgeBase(kb).retriever.loaded()
+    plain, exact = (kindex.retrieve._row(loaded, "0x87d1041c", exact=e) for e in (False, True))
+    assert list(exact.cover) == [1.0] and exact.gain[0] > plain.gain[0]  # the long table's length discounts nothing
