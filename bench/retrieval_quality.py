@@ -12,7 +12,10 @@ or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing
             bench/queries/offtopic.json; and the on-topic decision on two sets helpers wrote without seeing the code,
             each reported on a line of its own: bench/queries/helper_dev.json (322 questions and 135 off-topic
             messages for sample_kb, FastAPI zh and APISIX zh) and helper_dev2.json (100 questions with the pages
-            that answer them, ranked too, and 80 small-talk and near-domain messages for greptime-zh and memdocs-zh)
+            that answer them, ranked too, and 80 small-talk and near-domain messages for greptime-zh and memdocs-zh);
+            bench/queries/helper_ids.json: 120 questions holding an identifier from the docs (a config key, a header,
+            an error code…) with the pages that answer them, ranked, and 40 holding another product's identifier,
+            for FastAPI zh, APISIX zh, greptime-zh and memdocs-zh
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
             messages (small talk for every KB, near-domain tech questions about other products per KB)
 
@@ -205,7 +208,8 @@ def main() -> None:
     off_dev = json.loads((queries_dir / "offtopic.json").read_text(encoding="utf-8"))["messages"]
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
     helpers = {
-        f: json.loads((queries_dir / f).read_text(encoding="utf-8")) for f in ("helper_dev.json", "helper_dev2.json")
+        f: json.loads((queries_dir / f).read_text(encoding="utf-8"))
+        for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json")
     }
     # Per file and list ("on", "off", "off_smalltalk", ...): [fell back, messages].
     helper_fell: dict[str, dict[str, list[int]]] = {f: {} for f in helpers}
@@ -236,6 +240,8 @@ def main() -> None:
             sets["handwritten (dev)"] = [(q, t) for q, t in handwritten[name]]
         if dev and name in helpers["helper_dev2.json"]:
             sets["helper (dev)"] = [(q, t) for q, t in helpers["helper_dev2.json"][name]["on"]]
+        if dev and name in helpers["helper_ids.json"]:
+            sets["identifiers (dev)"] = [(q, t) for q, t in helpers["helper_ids.json"][name]["on"]]
         if held and name in ("greptime-zh", "memdocs-zh"):
             qrels = json.loads((KBS[name].parent / "qrels.json").read_text(encoding="utf-8"))
             sets["real FAQ (held-out)"] = [(r["q"], r["targets"]) for r in qrels]
