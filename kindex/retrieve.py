@@ -136,7 +136,8 @@ class _Row:
     """Per document: BM25F of the term plus the entry boost, before the term's weight in the question."""
     cover: npt.NDArray[np.float32]
     """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
-    times the saturated body frequency (one passing mention counts little); 1 wherever for an exact row."""
+    times the saturated body frequency (one passing mention counts little); 1 wherever for the exact row of a
+    code identifier (see :func:`_row`)."""
     idf: float
     weight: float
     """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
@@ -454,9 +455,12 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     """The row of ``term`` (see :class:`_Row`), computed on its first use and kept: a KB's questions come back to
     the same few hundred words, and combining a term's postings field by field was most of a call's cost.
 
-    ``exact``: the row of an identifier the question names (:func:`identifier_terms`). A mention of it covers it
-    fully, and its body frequency is not normalised by the body's length: ``0x87D1041C`` in one row of a long
-    table of error codes is as much that page's subject as a short page's. Kept beside the term's plain row.
+    ``exact``: the row of an identifier the question names (:func:`identifier_terms`). Its body frequency ranks
+    without the body's length normalisation: ``0x87D1041C`` in one row of a long table of error codes is as much
+    that page's subject as a short page's. And a mention of a code identifier (``next_cursor``, ``X-Nonce``)
+    covers it fully; one holding digits (``HTTP2``, ``UTF-8``, ``SHA256``, an error code) covers as a word does:
+    protocols, encodings and versions are mentioned in passing everywhere, and a page naming HTTP2 once is not
+    about ``Chrome 里怎么看网站是不是 HTTP2``. Kept beside the term's plain row.
 
     Two threads may both compute a new term's row; they compute the same one and either may be kept.
     """
@@ -480,16 +484,20 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
     body_w = np.zeros(n, dtype=np.float32)
     entry_w = np.zeros(n, dtype=np.float32)
+    body_exact: npt.NDArray[np.float32] | None = None
     occurrences = named = 0.0
     for name, (d, tf) in hits:
         occurrences += float(tf.sum())
         if name == "body":
-            body_w[d] = tf * (FIELD_WEIGHTS[name] if exact else loaded.inv[name][d])
+            body_w[d] = tf * loaded.inv[name][d]
+            if exact:
+                body_exact = np.zeros(n, dtype=np.float32)
+                body_exact[d] = tf * FIELD_WEIGHTS[name]
         else:
             entry_w[d] += tf * loaded.inv[name][d]
             if name in ("title", "tags"):
                 named += float(tf.sum())
-    total_w = body_w + entry_w
+    total_w = (body_w if body_exact is None else body_exact) + entry_w
     docs = np.flatnonzero(total_w).astype(np.int32)
     wtf, ew = total_w[docs], entry_w[docs]
     idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
@@ -500,7 +508,10 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
         # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
-    cover = np.ones(len(docs), np.float32) if exact else np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
+    if exact and not any(c.isdigit() for c in term):
+        cover = np.ones(len(docs), np.float32)
+    else:
+        cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
     weight = informative(term, idf, len(docs), kb_rate, named_rate)
     subj = subject(term, len(docs), kb_rate, named_rate)
