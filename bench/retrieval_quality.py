@@ -15,7 +15,9 @@ or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing
             that answer them, ranked too, and 80 small-talk and near-domain messages for greptime-zh and memdocs-zh);
             bench/queries/helper_ids.json: 120 questions holding an identifier from the docs (a config key, a header,
             an error code…) with the pages that answer them, ranked, and 40 holding another product's identifier,
-            for FastAPI zh, APISIX zh, greptime-zh and memdocs-zh
+            for FastAPI zh, APISIX zh, greptime-zh and memdocs-zh; bench/queries/helper_digits.json: the same four,
+            80 questions and 120 off-topic messages each holding a name that mixes letters and digits (HTTP2,
+            Win11, utf8mb4, an error code), about half of the latter a name the corpus mentions
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
             messages (small talk for every KB, near-domain tech questions about other products per KB)
 
@@ -209,7 +211,7 @@ def main() -> None:
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
     helpers = {
         f: json.loads((queries_dir / f).read_text(encoding="utf-8"))
-        for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json")
+        for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
     }
     # Per file and list ("on", "off", "off_smalltalk", ...): [fell back, messages].
     helper_fell: dict[str, dict[str, list[int]]] = {f: {} for f in helpers}
@@ -238,10 +240,13 @@ def main() -> None:
             (kb / "FAQ.md").unlink()
         if dev and name in handwritten:
             sets["handwritten (dev)"] = [(q, t) for q, t in handwritten[name]]
-        if dev and name in helpers["helper_dev2.json"]:
-            sets["helper (dev)"] = [(q, t) for q, t in helpers["helper_dev2.json"][name]["on"]]
-        if dev and name in helpers["helper_ids.json"]:
-            sets["identifiers (dev)"] = [(q, t) for q, t in helpers["helper_ids.json"][name]["on"]]
+        for f, label in (
+            ("helper_dev2.json", "helper"),
+            ("helper_ids.json", "identifiers"),
+            ("helper_digits.json", "names with digits"),
+        ):
+            if dev and name in helpers[f]:
+                sets[f"{label} (dev)"] = [(q, t) for q, t in helpers[f][name]["on"]]
         if held and name in ("greptime-zh", "memdocs-zh"):
             qrels = json.loads((KBS[name].parent / "qrels.json").read_text(encoding="utf-8"))
             sets["real FAQ (held-out)"] = [(r["q"], r["targets"]) for r in qrels]
