@@ -368,12 +368,14 @@ def value_terms(text: str) -> frozenset[str]:
 def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
     """The identifiers of ``text``, each as its whole term and the terms of its parts: names joined by ``_``
     (``next_cursor``), header names whose parts are capitalised (``X-Nonce``, ``Content-Type``), lower camel case
-    (``useEffect``), and words that mix letters and digits (an error code ``0x87D1041C``, ``HMAC-SHA256``, ``k8s``).
+    (``useEffect``), capitalised camel case of three parts or more (``RequestValidationError``,
+    ``MDMWinsOverGP``), and words that mix letters and digits (an error code ``0x87D1041C``, ``HMAC-SHA256``, ``k8s``).
 
     An identifier names one thing exactly: where a document mentions it, even once in passing or deep in a long
     reference page, the document speaks of that thing, which an everyday word mentioned once does not show; and
-    its parts (``next``, ``cursor``) say little once the whole is found. Capitalised words (``GreptimeDB``,
-    ``iPhone``, ``Built-in``) are product names or prose, not identifiers. Linear: the tokenizer's own regex.
+    its parts (``next``, ``cursor``) say little once the whole is found. Capitalised words of two parts
+    (``GreptimeDB``, ``PowerShell``, ``iPhone``, ``Built-in``) are product names or prose, not identifiers; class and
+    setting names run longer. Linear: the tokenizer's own regex.
     """
     out: dict[str, tuple[str, ...]] = {}
     for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
@@ -392,7 +394,9 @@ def _is_identifier(word: str) -> bool:
     if rest and head[:1].isupper() and all(p[:1].isupper() for p in rest.split("-")):
         return True
     lower = len(word) - len(word.lstrip("abcdefghijklmnopqrstuvwxyz"))
-    return lower >= 2 and word[lower : lower + 1].isupper()
+    if lower >= 2 and word[lower : lower + 1].isupper():
+        return True
+    return word[:1].isupper() and len(_PART.findall(word)) >= 3
 
 
 def term_counts(text: str, vocab: frozenset[str] = frozenset()) -> Counter[str]:

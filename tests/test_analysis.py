@@ -125,7 +125,8 @@ def test_identifiers_are_joined_by_underscores_capitalised_hyphens_or_lower_came
         "content-type": ("content", "type"),
     }
     assert analysis.identifier_terms("useEffect") == {"useeffect": ("effect",)}
+    assert analysis.identifier_terms("MDMWinsOverGP") == {"mdmwinsovergp": ("mdm", "win", "over", "gp")}
     assert analysis.identifier_terms("报 0x87D1041C, HMAC-SHA256") == {"0x87d1041c": (), "hmac-sha256": ("hmac", "sha")}
     # Product names and prose are not identifiers: capitalised camel case, lower-case hyphenation, one capital.
-    assert analysis.identifier_terms("GreptimeDB iPhone built-in Built-in x-nonce __init__ 2.15") == {}
+    assert analysis.identifier_terms("GreptimeDB PowerShell iPhone built-in Built-in x-nonce __init__ 2.15") == {}
     assert len(analysis.identifier_terms(" ".join(f"ab_{i}x" for i in range(100_000)))) == 100_000  # linear
