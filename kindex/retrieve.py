@@ -34,7 +34,7 @@ from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
-from kindex.results import Context, ContextItem
+from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_text, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
@@ -617,7 +617,7 @@ class _Hit:
 
     def item(self, matched: tuple[str, ...], *, truncated: bool = False, tokens: int = 0) -> ContextItem:
         """The hit as the result record: served (``tokens``) or only ranked."""
-        return ContextItem.model_construct(
+        return context_item(
             path=self.path,
             level=self.level,
             score=self.score,
@@ -687,8 +687,8 @@ def _scope(message: str, paths: Sequence[str]) -> list[str]:
     return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + paths_in_text(_bounded(message))[:MAX_PATHS]
 
 
-# Results are built with ``model_construct``: every field comes from kindex's own tables, already checked when they
-# were loaded, and validating them again would be most of a warm call's overhead.
+# Results are built unvalidated (``model_construct``, :func:`context_item`): every field comes from kindex's own
+# tables, already checked when they were loaded, and validating them again would be most of a warm call's overhead.
 
 
 class Retriever:
@@ -757,7 +757,7 @@ class Retriever:
                     t = loaded.index.themes[i]
                     matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
                     items.append(
-                        ContextItem.model_construct(
+                        context_item(
                             path=t.dir,
                             level="theme",
                             score=float(t_scores[i]),

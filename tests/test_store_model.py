@@ -105,3 +105,30 @@ def test_answers_of_the_old_json_lines_cache_are_kept(tmp_path: Path) -> None:
     legacy.write_bytes(b'{"key": "k1", "value": {"title": "a"}}\n{"key": "k2", "val')  # a torn last line
     assert Cache(tmp_path).get("k1") == {"title": "a"} and not legacy.exists()
     assert Cache(tmp_path).get("k1") == {"title": "a"}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_context_item_built_for_speed_is_the_record_model_construct_builds(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kindex import results
+    from kindex.results import ContextItem, context_item
+
+    monkeypatch.setattr(results, "_LAYOUT_KNOWN", fast and results._LAYOUT_KNOWN)
+    built = context_item("a/b.md", "document", 1.23456, "退款", "说明", "matched")
+    constructed = ContextItem.model_construct(
+        path="a/b.md",
+        level="document",
+        score=1.23456,
+        title="退款",
+        abstract="说明",
+        reason="matched",
+        matched=(),
+        truncated=False,
+        tokens=0,
+    )
+    assert built == constructed and built.model_fields_set == constructed.model_fields_set
+    assert built.model_dump_json() == constructed.model_dump_json() and repr(built) == repr(constructed)
+    assert hash(built) == hash(constructed) and built.to_dict()["score"] == 1.2346
+    with pytest.raises(Exception, match="frozen"):
+        built.title = "x"
