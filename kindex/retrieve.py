@@ -145,7 +145,6 @@ class _Row:
     """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
     times the saturated body frequency (one passing mention counts little); 1 wherever for the exact row of a
     code identifier (see :func:`_row`)."""
-    idf: float
     weight: float
     """The term's informative weight in a question (:func:`informative`): fixed for the loaded tables."""
     rank: float
@@ -289,13 +288,10 @@ def _current(loaded: _Loaded) -> bool:
 @dataclass(slots=True)
 class _Term:
     term: str
-    idf: float
     weight: float
     """Its informative weight for the on-topic decision (see :func:`informative`)."""
     docs: npt.NDArray[np.int32]
     """The documents holding the term in any field, sorted."""
-    cover: npt.NDArray[np.float32]
-    """Per document of ``docs``: the share of the term's weight it covers (:attr:`_Row.cover`)."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
     value: bool = False
@@ -492,7 +488,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
         weight = informative(term, idf, 0, 0.0)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, idf, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
@@ -537,7 +533,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
         # A word in a title or tag ranks the documents it names fully, however everyday: telling documents apart is
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
-    row = _Row(docs, gain * np.float32(rank), cover, idf, weight, rank, weight * cover, subj)
+    row = _Row(docs, gain * np.float32(rank), cover, weight, rank, weight * cover, subj)
     loaded.rows[key] = row
     return row
 
@@ -552,9 +548,10 @@ def _score(
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
     nothing, as numbers do: a ticket number or a user name the KB cannot know says nothing of what is asked, and
     ``退款多久到账 用户 zhangsan01`` is about refunds. Of ``identifiers`` (:func:`identifier_terms`: whole term → its
-    parts' terms), a document mentioning one covers it fully, wherever, and ranks by it whatever its length (the
-    term's exact row: :func:`_row`): ``X-Nonce`` or ``next_cursor`` asked alone is about the page that mentions it,
-    even once in a table. Where the KB holds an identifier whole, its parts rank ``PART_WEIGHT`` of their gain."""
+    parts' terms), a document mentioning one ranks by it whatever its length and, for a code identifier, covers it
+    fully (the term's exact row: :func:`_row`): ``X-Nonce`` or ``next_cursor`` asked alone is about the page that
+    mentions it, even once in a table. Where the KB holds an identifier whole, its parts rank ``PART_WEIGHT`` of
+    their gain."""
     n = loaded.n
     weak = {p for whole, parts in identifiers.items() if len(_row(loaded, whole).docs) for p in parts}
     scores = np.zeros(n, dtype=np.float32)
@@ -577,7 +574,7 @@ def _score(
         value = not df and term in values
         weight = 0.0 if value else row.weight
         total += weight
-        per_term.append(_Term(term, row.idf, weight, row.docs, row.cover, row.subject, value))
+        per_term.append(_Term(term, weight, row.docs, row.subject, value))
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)

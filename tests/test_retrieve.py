@@ -449,7 +449,7 @@ def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
 
     def term(name: str, weight: float, docs: list[int], subject: float) -> _Term:
         d = np.array(docs, np.int32)
-        return _Term(name, 1.0, weight, d, np.ones(len(d), np.float32), subject)
+        return _Term(name, weight, d, subject)
 
     # Document 0 covers all of the heavier, general word (subject 0.2); document 2 covers the lighter word that is a
     # subject of the KB: 40% of the question's weight, a whole subject. 晚饭 the KB never uses (no weight).
