@@ -367,22 +367,25 @@ def value_terms(text: str) -> frozenset[str]:
 
 def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
     """The identifiers of ``text``, each as its whole term and the terms of its parts: names joined by ``_``
-    (``next_cursor``), header names whose parts are capitalised (``X-Nonce``, ``Content-Type``), lower camel case
-    (``useEffect``), capitalised camel case of three parts or more (``RequestValidationError``,
-    ``MDMWinsOverGP``), and words that mix letters and digits (an error code ``0x87D1041C``, ``HMAC-SHA256``, ``k8s``).
+    (``next_cursor``), ``X-`` header names (``X-Nonce``, ``x-request-id``), lower camel case (``useEffect``),
+    capitalised camel case of three parts or more (``RequestValidationError``, ``MDMWinsOverGP``), and words that
+    mix letters and digits (an error code ``0x87D1041C``, ``HMAC-SHA256``, ``k8s``).
 
     An identifier names one thing exactly: where a document mentions it, even once in passing or deep in a long
     reference page, the document speaks of that thing, which an everyday word mentioned once does not show; and
     its parts (``next``, ``cursor``) say little once the whole is found. Capitalised words of two parts
-    (``GreptimeDB``, ``PowerShell``, ``iPhone``, ``Built-in``) are product names or prose, not identifiers; class and
-    setting names run longer. Linear: the tokenizer's own regex.
+    (``GreptimeDB``, ``PowerShell``, ``iPhone``) are product names, and hyphenated words without the header prefix
+    prose whatever their case (``Content-Type`` is a header, ``High-Performance``, ``Check-In`` are not, and no
+    spelling tells them apart), so neither is an identifier; class and setting names run longer. Linear: the
+    tokenizer's own regex.
     """
     out: dict[str, tuple[str, ...]] = {}
     for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
         word = m.group("word")
         if word and len(word) <= MAX_WORD and _is_identifier(word):
             terms = list(_word_terms(word))
-            if terms and len(_PART.findall(word)) > 1:  # else one part, stemmed: no whole term (``__init__``)
+            # One part, stemmed, is no whole term (``__init__``); nor is a number left by a contraction (``1'd``).
+            if terms and len(_PART.findall(word)) > 1 and not terms[0].isdigit():
                 out[terms[0]] = tuple(terms[1:])
     return out
 
@@ -390,8 +393,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
 def _is_identifier(word: str) -> bool:
     if "_" in word.strip("_") or (any(c.isdigit() for c in word) and any(c.isalpha() for c in word)):
         return True
-    head, _, rest = word.partition("-")
-    if rest and head[:1].isupper() and all(p[:1].isupper() for p in rest.split("-")):
+    if word[:2] in ("X-", "x-") and len(word) > 2:  # a header name: X-Nonce, x-request-id
         return True
     lower = len(word) - len(word.lstrip("abcdefghijklmnopqrstuvwxyz"))
     if lower >= 2 and word[lower : lower + 1].isupper():

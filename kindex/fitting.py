@@ -50,6 +50,8 @@ def _cut(text: str, budget: int) -> str | None:
     """
     if estimate_tokens(text) <= budget:
         return text
+    if budget < 1:
+        return None
     lines = markdown_lines(text)
     cum = _costs(lines)
     k = 0  # the most lines that fit
@@ -73,10 +75,12 @@ def _cut(text: str, budget: int) -> str | None:
         while choice and cum[choice] + estimate_tokens(closing) > budget:
             choice -= 1
     kept = text[: lines[choice].start].rstrip() if choice < len(lines) else text.rstrip()
+    if not kept:
+        closing = ""  # not even the block's opening line fits with its closing: no lone fence
     # The start of an oversized line joins what is kept as it stood: after a blank line it is a paragraph of its
     # own, and a single newline would merge it into the paragraph or heading before it.
     sep = ("\n\n" if lines[k - 1].blank else "\n") if kept and k else ""
-    room = budget - cum[choice] - estimate_tokens(closing) - len(sep)
+    room = budget - cum[choice] - estimate_tokens(closing) - max(len(sep), 1)
     if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
         kept = kept + sep + _char_cut(lines[k].text, room)
     return (kept + closing).strip("\n") or None
@@ -96,7 +100,10 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str]) -> str | None:
 
     A long document is rarely about the question from its first line on: the matching sections are what the
     agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
+    ``None`` when nothing fits (a budget under one token).
     """
+    if budget < 1:
+        return None
     lines = markdown_lines(text)
     starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
     bounds = [0, *starts, len(lines)]

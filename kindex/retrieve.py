@@ -180,8 +180,8 @@ class _Loaded:
     inv: dict[str, npt.NDArray[np.float32]]
     """Per field: its weight divided by each document's length normalisation."""
     rows: dict[str, _Row]
-    """The rows of the terms questions used so far (:func:`_row`): one per term of the tables at most, and
-    ``MAX_ABSENT_ROWS`` of terms the tables do not hold."""
+    """The rows of the terms questions used so far (:func:`_row`): one per term of the tables at most (two for an
+    identifier: its exact row too), and ``MAX_ABSENT_ROWS`` of terms the tables do not hold."""
     absent: int
     """How many of ``rows`` are of terms the tables do not hold."""
     theme_rows: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]]
@@ -471,7 +471,9 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     ``exact``: the row of an identifier the question names (:func:`identifier_terms`). Its body frequency ranks
     without the body's length normalisation: ``0x87D1041C`` in one row of a long table of error codes is as much
     that page's subject as a short page's. And a mention of a code identifier (``next_cursor``, ``X-Nonce``)
-    covers it fully; one holding digits (``HTTP2``, ``UTF-8``, ``SHA256``, an error code) covers as a word does:
+    covers it fully and ranks as a word of the title would: the page that mentions it is about it, more than a
+    page whose title has the question's other words (``X-Nonce 怎么生成``: the API page, not the one titled with
+    生成). One holding digits (``HTTP2``, ``UTF-8``, ``k8s``, an error code) covers and ranks as a body word does:
     protocols, encodings and versions are mentioned in passing everywhere, and a page naming HTTP2 once is not
     about ``Chrome 里怎么看网站是不是 HTTP2``. Kept beside the term's plain row.
 
@@ -498,6 +500,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     body_w = np.zeros(n, dtype=np.float32)
     entry_w = np.zeros(n, dtype=np.float32)
     body_exact: npt.NDArray[np.float32] | None = None
+    code = exact and not any(c.isdigit() for c in term)  # a code identifier, not a name with digits
     occurrences = named = 0.0
     for name, (d, tf) in hits:
         occurrences += float(tf.sum())
@@ -505,7 +508,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
             body_w[d] = tf * loaded.inv[name][d]
             if exact:
                 body_exact = np.zeros(n, dtype=np.float32)
-                body_exact[d] = tf * FIELD_WEIGHTS[name]
+                body_exact[d] = tf * FIELD_WEIGHTS["title" if code else name]
         else:
             entry_w[d] += tf * loaded.inv[name][d]
             if name in ("title", "tags"):
@@ -521,10 +524,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
         # manual (no weight in BM25F) but in few titles, and the page titled "Admin API" should win.
         entry_idf = math.log(1 + (n - entry_df + 0.5) / (entry_df + 0.5))
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
-    if exact and not any(c.isdigit() for c in term):
-        cover = np.ones(len(docs), np.float32)
-    else:
-        cover = np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
+    cover = np.ones(len(docs), np.float32) if code else np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
     weight = informative(term, idf, len(docs), kb_rate, named_rate)
     subj = subject(term, len(docs), _shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)

@@ -18,7 +18,7 @@ import kindex.kb
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
 from kindex.cli import main
-from kindex.fitting import cut_to_budget
+from kindex.fitting import cut_to_budget, fit_to_budget
 from kindex.store import write_index
 from kindex.tokenize import estimate_tokens
 
@@ -178,6 +178,28 @@ def test_an_oversized_paragraph_cut_into_stays_a_paragraph_of_its_own() -> None:
         assert cut is not None and cut.startswith(f"{head}\n\n这是") and estimate_tokens(cut) <= 100
     cut = cut_to_budget(f"# 标题\n第一行\n{long}", 100)  # lines of one paragraph stay one paragraph
     assert cut is not None and cut.startswith("# 标题\n第一行\n这是")
+
+
+def test_a_budget_under_one_token_fits_nothing_and_no_fence_is_left_open() -> None:
+    # Cutting into a heading at a budget of one token gave "# ", a start the assembly then went over its budget
+    # with; a code block whose opening line fitted but not its closing left a lone fence.
+    assert cut_to_budget("# 使用 Prometheus\n\nbody", 1) is None
+    assert fit_to_budget("# Title\n\nintro\n\n## k8s\n\nk8s text\n", -20, ["k8s"]) is None
+    code = (
+        "```python\n"
+        + "\n".join(f"x = {i}  # some code line here" for i in range(40))
+        + "\n```\n\n## k8s\n\nk8s text\n"
+    )
+    assert cut_to_budget(code, 3) is None
+    assert fit_to_budget(code, 10, ["k8s"]) == "## k8s\n\nk8s text"
+
+
+@pytest.mark.parametrize("message", ["X-Nonce 怎么生成", "退款多久到账", "发票怎么开", "同步冲突怎么办"])
+def test_the_assembled_context_never_exceeds_its_budget(indexed: Path, message: str) -> None:
+    for budget in range(50, 301, 7):
+        ctx = kindex.build_context(indexed, message, budget_tokens=budget)
+        assert ctx.tokens <= budget, (budget, ctx.tokens)
+        assert all(i.tokens > estimate_tokens(f"## {i.title}\n(source: {i.path})\n\n") for i in ctx.items)
 
 
 def test_identical_scores_are_ordered_by_path(tmp_path: Path) -> None:
@@ -528,3 +550,15 @@ def test_an_error_code_deep_in_a_long_table_ranks_its_page(tmp_path: Path) -> No
 def test_a_name_with_digits_mentioned_in_passing_does_not_make_a_question_on_topic(indexed: Path) -> None:
     # The API page says HMAC-SHA256 once; a question about hashing files elsewhere is not about this KB.
     assert kindex.build_context(indexed, "Python 计算大文件 HMAC-SHA256 特别慢 怎么优化").fallback
+
+
+@pytest.mark.parametrize(
+    "message", ["Real-Time 股票行情怎么看", "real-time 股票行情怎么看", "REAL-TIME 股票行情怎么看"]
+)
+def test_a_capitalised_hyphenated_word_is_prose_not_an_identifier(tmp_path: Path, message: str) -> None:
+    # The page says real-time once in passing. Spelt Real-Time, the word looked like a header name and covered the
+    # question fully from that one mention: small talk got the page, and the decision changed with the case.
+    docs = {f"t/p{i}.md": (_doc(f"p{i}.md", f"插件 {i}", "插件说明"), f"# 插件 {i}\n\n插件的配置。") for i in range(20)}
+    docs["t/logs.md"] = (_doc("logs.md", "日志", "日志插件"), "# 日志\n\n日志以 real-time 方式推送到收集端。")
+    kb = make_kb(tmp_path, docs)
+    assert kindex.build_context(kb, message).fallback
