@@ -342,6 +342,12 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     return out
 
 
+def mixes_letters_and_digits(word: str) -> bool:
+    """A ticket, a host, an error code, a version-numbered name (``INC0012345``, ``0x87D1041C``, ``HTTP2``): the
+    one test of such a word, for values (:func:`value_terms`) and identifiers (:func:`identifier_terms`) alike."""
+    return any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+
+
 def value_terms(text: str) -> frozenset[str]:
     """The terms of ``text`` that come only from its values: URLs, e-mail addresses, and words that mix letters
     and digits (a ticket ``INC0012345``, a host ``DESKTOP-8F3K2J``, a user ``zhangsan01``, a code ``0x80180014``).
@@ -358,8 +364,7 @@ def value_terms(text: str) -> frozenset[str]:
                 continue
             for m in _TOKEN.finditer(piece):
                 word = m.group("word")
-                mixed = word and any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
-                (values if mixed else rest).append(m.group())
+                (values if word and mixes_letters_and_digits(word) else rest).append(m.group())
     if not values:
         return frozenset()
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
@@ -391,7 +396,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _is_identifier(word: str) -> bool:
-    if "_" in word.strip("_") or (any(c.isdigit() for c in word) and any(c.isalpha() for c in word)):
+    if "_" in word.strip("_") or mixes_letters_and_digits(word):
         return True
     if word[:2] in ("X-", "x-") and len(word) > 2:  # a header name: X-Nonce, x-request-id
         return True

@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kindex.analysis import MAX_VOCAB_TERM, analyze, background_rate, has_han, identifier_terms, value_terms
+from kindex.analysis import (
+    MAX_VOCAB_TERM,
+    analyze,
+    background_rate,
+    has_han,
+    identifier_terms,
+    mixes_letters_and_digits,
+    value_terms,
+)
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import KBNotFoundError, UsageError
 from kindex.fitting import fit_to_budget, one_line
@@ -500,7 +508,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     body_w = np.zeros(n, dtype=np.float32)
     entry_w = np.zeros(n, dtype=np.float32)
     body_exact: npt.NDArray[np.float32] | None = None
-    code = exact and not any(c.isdigit() for c in term)  # a code identifier, not a name with digits
+    code = exact and not mixes_letters_and_digits(term)  # a code identifier, not a name with digits
     occurrences = named = 0.0
     for name, (d, tf) in hits:
         occurrences += float(tf.sum())
