@@ -99,6 +99,12 @@ GENERAL_WORD_RANK = 0.5
 """What a Chinese word as common in the KB as in general Chinese adds to a ranking, against a word specific to the KB
 (see :func:`specificity`): 配置, 问题, 使用 tell documents apart less than their rarity in the KB alone suggests."""
 NAME_WEIGHT = 2.0
+"""What a Latin-script word the KB never uses weighs in the on-topic decision, times its rarity: it names another
+product (``PostgreSQL 的 VACUUM 是干什么的``: VACUUM), and a page holding the question's other names (PostgreSQL,
+mentioned beside a migration) is not about it. A name the KB does use weighs its rarity, as any word does; until
+the sixth session every name weighed double, and a page mentioning Linux or Excel once covered most of a question
+about them. Dev (696 questions, 550 messages): 15 more off-topic messages fall back, one on-topic question more
+(``怎么删掉某个 host 的数据``)."""
 THEME_PRIOR = 0.3
 ENTRY_BOOST = 0.25
 MAX_ABSENT_ROWS = 20_000
@@ -411,12 +417,12 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named_rate: floa
     word counts as a subject of this KB only as far as the KB uses it more than general Chinese does (see
     :func:`specificity`: 名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), or its
     titles and tags do (``named_rate``: 时区 in a database manual is an everyday word and a chapter).
-    A Latin-script word the KB never uses names something else (git, MySQL, Django) and keeps ``NAME_WEIGHT`` times
-    its weight.
+    A Latin-script word the KB never uses names something else (git, MySQL, Django) and weighs ``NAME_WEIGHT``
+    times its rarity; one the KB uses weighs its rarity.
     """
     weight = idf * _specific(term, df, kb_rate, named_rate)
     if not has_han(term):
-        return NAME_WEIGHT * weight
+        return weight if df else NAME_WEIGHT * weight
     return SINGLE_HAN_WEIGHT * weight if len(term) == 1 and df else weight
 
 

@@ -437,6 +437,24 @@ def test_english_contractions_are_no_search_terms(tmp_path: Path) -> None:
     ]
 
 
+def test_a_name_the_kb_never_uses_outweighs_one_it_mentions(tmp_path: Path) -> None:
+    # A gateway manual with one migration page titled with Redis: a question about Redis Sentinel (a name the KB
+    # never uses) is about another product. Every name used to weigh double, and the page's Redis covered 0.41 of
+    # it; a name the KB uses now weighs its rarity, one it never uses still double.
+    topics = ["路由", "插件", "上游", "证书", "限流", "日志", "监控", "鉴权", "缓存", "重试"]
+    docs = {
+        f"t/d{i}.md": (_doc(f"d{i}.md", f"{word}配置", f"网关的{word}说明"), f"# {word}配置\n\n网关{word}参数。")
+        for i, word in enumerate(topics * 2)
+    }
+    docs["t/redis.md"] = (_doc("redis.md", "从 Redis 迁移", "把数据迁移到网关"), "# 从 Redis 迁移\n\n迁移步骤。")
+    kb = make_kb(tmp_path, docs)
+    assert kindex.build_context(kb, "Redis 的 Sentinel 是干什么的").fallback
+    assert kindex.build_context(kb, "Redis 怎么迁移").items[0].path == "t/redis.md"
+    idf = 2.0
+    assert kindex.retrieve.informative("redis", idf, 1, 0.0) == idf
+    assert kindex.retrieve.informative("sentinel", idf, 0, 0.0) == kindex.retrieve.NAME_WEIGHT * idf
+
+
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
     # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
     kb = make_kb(
