@@ -429,7 +429,12 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named_rate: floa
 def subject(term: str, df: int, kb_rate: float, named_rate: float = 0.0) -> float:
     """How far ``term`` names a subject of the KB, 0 to 1, for the on-topic rule (``MIN_SUBJECT``): as in
     :func:`informative` without the rarity; a single Chinese character counts ``SINGLE_HAN_WEIGHT`` of that, or
-    fully as far as the KB's titles and tags make it a subject (税, 锁)."""
+    fully as far as the KB's titles and tags make it a subject (税, 锁). A Latin-script name the KB holds has no
+    rate in general Chinese to beat: it is a subject as soon as its count shows it at all (the rates given are the
+    shown ones, :func:`_shown`), and a name the KB mentions under five times is not shown to be one (iPhone in a
+    billing FAQ, Python beside one CSV import)."""
+    if df and not has_han(term) and not term.isdigit():
+        return 1.0 if kb_rate or named_rate else 0.0
     specific = _specific(term, df, kb_rate, named_rate)
     if len(term) == 1 and df and has_han(term):
         return max(SINGLE_HAN_WEIGHT * specific, specificity(term, 0.0, named_rate) if named_rate else 0.0)
@@ -541,7 +546,12 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     cover = np.ones(len(docs), np.float32) if code else np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
     weight = informative(term, idf, len(docs), kb_rate, named_rate)
-    subj = subject(term, len(docs), _shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)
+    # A code identifier names one thing: one mention shows it (see ``exact``).
+    subj = (
+        1.0
+        if code
+        else subject(term, len(docs), _shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)
+    )
     rank = 1.0
     if has_han(term) and not named_rate:
         # A word in a title or tag ranks the documents it names fully, however everyday: telling documents apart is

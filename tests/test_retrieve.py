@@ -455,6 +455,22 @@ def test_a_name_the_kb_never_uses_outweighs_one_it_mentions(tmp_path: Path) -> N
     assert kindex.retrieve.informative("sentinel", idf, 0, 0.0) == kindex.retrieve.NAME_WEIGHT * idf
 
 
+@pytest.mark.parametrize(("mentions", "on_topic"), [(2, False), (8, True)])
+def test_a_name_is_a_subject_once_its_count_shows_it(tmp_path: Path, mentions: int, on_topic: bool) -> None:
+    # 装饰器 is a word the KB never uses, so the question needs a subject shared with a page. Python, a name, has no
+    # rate in general Chinese to beat; like a Chinese word, it is shown to be a subject by five mentions or more,
+    # not by two beside a CSV import. It used to be one at a single mention.
+    topics = ["路由", "插件", "上游", "证书", "限流", "日志", "监控", "鉴权", "缓存", "重试"]
+    docs = {
+        f"t/d{i}.md": (_doc(f"d{i}.md", f"{word}配置", f"网关的{word}说明"), f"# {word}配置\n\n网关{word}参数。")
+        for i, word in enumerate(topics)
+    }
+    body = "# 导入\n\n" + "用 Python 脚本导入。" * mentions
+    docs["t/import.md"] = (_doc("import.md", "数据导入", "导入 CSV 数据"), body)
+    kb = make_kb(tmp_path, docs)
+    assert kindex.build_context(kb, "Python 的装饰器是什么").fallback is not on_topic
+
+
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
     # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
     kb = make_kb(
