@@ -165,10 +165,12 @@ class ModelError(KindexError):
 class ModelCallError(ModelError):
     """One model call failed after its retries; the run records it against one document and goes on."""
 
-    def __init__(self, message: str, retries: int = 0) -> None:
+    def __init__(self, message: str, retries: int = 0, *, unreachable: bool = False) -> None:
         super().__init__(message)
         self.retries = retries
         """How many times the call was retried before it was given up: they count in the run's report."""
+        self.unreachable = unreachable
+        """The call never reached a server (refused, unreachable, DNS)."""
 
 
 class AnswerError(ModelError):
@@ -178,9 +180,11 @@ class AnswerError(ModelError):
 class GenerationFailed(ModelError):
     """No usable answer for one item, after retries and a repair request; carries what was spent trying."""
 
-    def __init__(self, message: str, usage: Usage) -> None:
+    def __init__(self, message: str, usage: Usage, *, unreachable: bool = False) -> None:
         super().__init__(message)
         self.usage = usage
+        self.unreachable = unreachable
+        """The model was never reached (:attr:`ModelCallError.unreachable`)."""
 
 
 class StorageError(KindexError, OSError):

@@ -24,7 +24,15 @@ from typing import Any, TypeVar
 from kindex import extractive, searchindex, skillmodel
 from kindex.cache import Cache
 from kindex.config import DEFAULTS
-from kindex.errors import AnswerError, CancelledRun, GenerationFailed, InterruptedRun, KBNotFoundError, UsageError
+from kindex.errors import (
+    AnswerError,
+    CancelledRun,
+    GenerationFailed,
+    InterruptedRun,
+    KBNotFoundError,
+    ModelError,
+    UsageError,
+)
 from kindex.generators import (
     Answer,
     Generator,
@@ -297,6 +305,8 @@ class _Runner:
         self._sem: asyncio.Semaphore | None = None
         self._fatal = False
         """Set when a call failed for the whole run (a bad key, an unknown model): no further call starts."""
+        self._reached = False
+        """A model call of this run got an answer: a connection failure after it is one document's, not the run's."""
 
     @property
     def sem(self) -> asyncio.Semaphore:
@@ -340,12 +350,21 @@ class _Runner:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
                 self.report.usage.merge(exc.usage)
+                if exc.unreachable and not self._reached:
+                    # Nothing has answered yet: a wrong --api-base or a server that is down, not one document's
+                    # bad luck. Stopping here says so at once, instead of every document failing the same way.
+                    self._fatal = True
+                    raise ModelError(
+                        f"{exc.message}: no call of this run has reached the model; check --api-base "
+                        "(KINDEX_API_BASE) and that the server is running"
+                    ) from None
                 self.report.failures.append(Failure(path=label, reason=exc.message))
                 return None
             except BaseException:
                 self._fatal = True
                 raise
         self.report.usage.merge(answer.usage)
+        self._reached = True
         self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:
             self.cache.put(key, answer.obj, label)
@@ -435,6 +454,11 @@ class _Runner:
     async def reindex(self) -> None:
         s = self.scan
         self.report.total = 1 + sum(len(d) for d in s.themes.values())
+        if not s.documents:
+            self.report.notes.append(
+                "no Markdown document found (only .md files are indexed): the index is empty; is this the folder "
+                "that holds your documents?"
+            )
         # The root call does not depend on the documents' answers: it runs alongside them.
         await _all([self.root(counted=False), *(self.theme(name, counted=False) for name in s.themes)])
         if not self.generator.offline:

@@ -208,8 +208,10 @@ class LiteLLMClient:
             except (*retryable, _EmptyAnswer) as exc:
                 if attempt >= s.retries:
                     where = s.api_base or "the provider"
-                    detail = f"cannot connect to {where}" if _no_connection(exc) else _short(exc)
-                    raise ModelCallError(f"{_kind(exc)} after {attempt + 1} attempts: {detail}", attempt) from None
+                    unreachable = _no_connection(exc)
+                    detail = f"cannot connect to {where}" if unreachable else _short(exc)
+                    message = f"{_kind(exc)} after {attempt + 1} attempts: {detail}"
+                    raise ModelCallError(message, attempt, unreachable=unreachable) from None
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue

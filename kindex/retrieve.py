@@ -38,12 +38,12 @@ from kindex.analysis import (
     value_terms,
 )
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
-from kindex.errors import KBNotFoundError, UsageError
+from kindex.errors import UsageError
 from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
-from kindex.scan import document_text, servable
+from kindex.scan import document_text, kb_folder, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
 from kindex.tokenize import estimate_tokens
@@ -757,7 +757,7 @@ class Retriever:
     """
 
     def __init__(self, kb: str | os.PathLike[str]) -> None:
-        self.root = kb_root(kb)
+        self.root = kb_folder(kb, "index.json")
         self._loaded: _Loaded | None = None
         self._lock = threading.Lock()
 
@@ -873,15 +873,6 @@ class Retriever:
             retry = _assemble(root, loaded, [_overview_hit()], max_docs, True, ctx.reason, budget_tokens, scored)
             ctx = retry.model_copy(update={"missing": ctx.missing})
         return ctx
-
-
-def kb_root(kb: str | os.PathLike[str]) -> Path:
-    """``kb`` resolved; :class:`KBNotFoundError` unless it is a folder."""
-    root = Path(kb)
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "does not exist"
-        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds index.json")
-    return root.resolve()
 
 
 def _overview_hit() -> _Hit:

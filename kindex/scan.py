@@ -113,17 +113,22 @@ class Scan:
         return clean_body(body)
 
 
+def kb_folder(kb: str | os.PathLike[str], holds: str = "your Markdown files") -> Path:
+    """``kb`` resolved, or :class:`KBNotFoundError` saying to pass the folder that ``holds`` what is needed."""
+    root = Path(kb)
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds {holds}")
+    return root.resolve()
+
+
 def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHARS) -> Scan:
     """Walk ``kb`` and return its documents; unusable files are listed in ``skipped`` with their reason.
 
     Documents matching the KB's ``exclude`` globs (``[index] exclude`` in ``kindex.toml``, or ``KINDEX_EXCLUDE``)
     are left out, so every step, ``validate`` and retrieval see the same documents.
     """
-    root = Path(kb)
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "does not exist"
-        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds your Markdown files")
-    root = root.resolve()
+    root = kb_folder(kb)
     exclude = config.excluded(root)
     compiled: dict[str, Any] = {}
     skipped: list[Skipped] = []

@@ -73,6 +73,10 @@ def test_validate_lists_problems_and_exits_1(sample_kb: Path) -> None:
 def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Path) -> None:
     code, _, err = run("reindex", str(tmp_path / "missing"))
     assert code == 1 and "knowledge folder" in err and "does not exist" in err
+    assert "generator" not in err  # the wrong path is the news, not which generator would have run
+
+    code, _, err = run("reindx", str(sample_kb))
+    assert code == 2 and "No such command 'reindx'. Did you mean 'reindex'?" in err
 
     code, _, err = run("sub", str(sample_kb), "nope")
     assert code == 1 and "'nope' is not a theme" in err
@@ -90,6 +94,24 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
     assert code == 2 and "KINDEX_TEMPERATURE='hot': expected a number" in err
     assert not (sample_kb / "index.json").exists()
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_folder_without_markdown_is_indexed_with_a_note_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\n", encoding="utf-8")
+    code, out, err = run("reindex", str(tmp_path))
+    assert code == 0 and "wrote: index.json" in out
+    assert "kindex: note: no Markdown document found (only .md files are indexed): the index is empty" in err
+    code, out, _ = run("reindex", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["notes"][0].startswith("no Markdown document found")
+
+
+def test_a_fallback_document_that_cannot_be_served_is_reported(sample_kb: Path) -> None:
+    assert run("reindex", str(sample_kb))[0] == 0
+    code, out, err = run("context", str(sample_kb), "讲个笑话", "--fallback", "nosuch.md")
+    assert code == 0 and "## Overview" in out  # the overview of the root index serves instead
+    assert "kindex: no --fallback document can be served (nosuch.md: no such file in" in err
+    code, out, err = run("context", str(sample_kb), "讲个笑话", "--fallback", "./billing/发票开具.md")
+    assert code == 0 and "(source: billing/发票开具.md)" in out and "--fallback" not in err
 
 
 def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: FakeLLM) -> None:

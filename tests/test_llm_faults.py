@@ -164,6 +164,22 @@ def test_a_refused_connection_is_reported_as_such_not_as_http_500(monkeypatch: p
         asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
 
 
+def test_a_run_whose_first_call_cannot_connect_stops_at_once(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wrong --api-base used to fail every document the same way, each after its retries (37 s on sample_kb, exit
+    # 3 "run the command again"). While no call of the run has been answered, a refused connection ends the run.
+    import socket
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again on leaving: nothing listens there
+    settings = kindex.LLMSettings(model="openai/fake", api_base=f"http://127.0.0.1:{port}/v1", timeout=5.0, retries=0)
+    with pytest.raises(ModelError, match="no call of this run has reached the model; check --api-base") as raised:
+        kindex.reindex(sample_kb, Options(llm=settings))
+    assert not isinstance(raised.value, kindex.GenerationFailed)
+    assert not (sample_kb / "index.json").exists()
+
+
 def test_a_refused_connection_reported_only_in_the_message_is_no_connection_not_http_500() -> None:
     # Seen from a fresh virtualenv: litellm's InternalServerError (status 500) with no cause chain, the refusal
     # said only in the message. Before, this was reported as "InternalServerError (HTTP 500)".

@@ -6,6 +6,7 @@ Exit status: 0 success, 1 failure, 2 usage error, 3 a run that finished but left
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -46,6 +47,17 @@ class _Group(click.Group):
         command = getattr(importlib.import_module(module), name)
         assert isinstance(command, click.Command)
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = click.utils.make_str(args[0]) if args else ""
+        if args and self.get_command(ctx, name) is None and not name.startswith("-"):
+            # click suggests a mistyped option but not a mistyped command: `kindex reindx` should say reindex.
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.75)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = "--json" in ctx.args  # the sub-command's own arguments

@@ -10,6 +10,7 @@ import orjson
 
 from kindex.cli.options import json_opt, kb_arg
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
+from kindex.globs import normalize_path
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
@@ -123,6 +124,10 @@ def context(
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
         click.echo(ctx.text)
+    served = {item.path for item in ctx.items}
+    if ctx.fallback and fallback_docs and not served & {normalize_path(d) for d in fallback_docs}:
+        named = ", ".join(fallback_docs)
+        click.echo(f"kindex: no --fallback document can be served ({named}: no such file in {kb}?)", err=True)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
 

@@ -17,7 +17,7 @@ from kindex.config import RESPONSE_FORMATS
 from kindex.kb import Settings
 from kindex.llm import LLMSettings
 from kindex.results import RunReport
-from kindex.scan import DEFAULT_EXCERPT_CHARS
+from kindex.scan import DEFAULT_EXCERPT_CHARS, kb_folder
 from kindex.validate import validate as validate_kb
 
 
@@ -126,6 +126,8 @@ def _emit(report: RunReport, as_json: bool) -> None:
             click.echo(f"failed: {f.path}: {f.reason} (kept its previous or an extractive entry)")
         for x in report.skipped:
             click.echo(f"kindex: skipped {x.path}: {x.reason}", err=True)
+        for note in report.notes:
+            click.echo(f"kindex: note: {note}", err=True)
     if report.failures:
         click.echo(
             f"kindex: {len(report.failures)} item(s) failed; their entries are extractive or previous ones. "
@@ -137,6 +139,7 @@ def _emit(report: RunReport, as_json: bool) -> None:
 
 def _step(kb: str, kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
     as_json = kw.pop("as_json")
+    kb_folder(kb)  # a wrong path is reported before the generator is announced
     with _progress_bar(True) as bar:
         opts = options_from(kb, kw, bar)
         _announce(opts.llm)
