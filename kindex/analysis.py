@@ -342,6 +342,12 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     return out
 
 
+def is_number(term: str) -> bool:
+    """A number as a term: digits, with the separators a word may hold (``42``, ``0.17``, ``1.0``, ``2024-05-18``):
+    a quantity, a version or a date, which the retrieval weighs as a value, not as a name."""
+    return term[:1].isdigit() and all(c.isdigit() or c in ".-'’" for c in term)
+
+
 def mixes_letters_and_digits(word: str) -> bool:
     """A ticket, a host, an error code, a version-numbered name (``INC0012345``, ``0x87D1041C``, ``HTTP2``): the
     one test of such a word, for values (:func:`value_terms`) and identifiers (:func:`identifier_terms`) alike."""

@@ -34,6 +34,7 @@ from kindex.analysis import (
     background_rate,
     has_han,
     identifier_terms,
+    is_number,
     mixes_letters_and_digits,
     value_terms,
 )
@@ -433,7 +434,7 @@ def subject(term: str, df: int, kb_rate: float, named_rate: float = 0.0) -> floa
     rate in general Chinese to beat: it is a subject as soon as its count shows it at all (the rates given are the
     shown ones, :func:`_shown`), and a name the KB mentions under five times is not shown to be one (iPhone in a
     billing FAQ, Python beside one CSV import)."""
-    if df and not has_han(term) and not term.isdigit():
+    if df and not has_han(term) and not is_number(term):
         return 1.0 if kb_rate or named_rate else 0.0
     specific = _specific(term, df, kb_rate, named_rate)
     if len(term) == 1 and df and has_han(term):
@@ -448,7 +449,7 @@ def _shown(count: float) -> float:
 
 
 def _specific(term: str, df: int, kb_rate: float, named_rate: float) -> float:
-    if term.isdigit():
+    if is_number(term):
         return 0.0
     if not has_han(term):
         return 1.0

@@ -471,6 +471,25 @@ def test_a_name_is_a_subject_once_its_count_shows_it(tmp_path: Path, mentions: i
     assert kindex.build_context(kb, "Python 的装饰器是什么").fallback is not on_topic
 
 
+def test_a_version_or_a_date_weighs_as_a_number(tmp_path: Path) -> None:
+    # Numbers weigh nothing in the on-topic decision, and a version or a date is a number: 0.17, which no page
+    # writes, counted as a name the KB never uses (another product), twice the rarest word's weight, and pushed an
+    # upgrade question off topic. It still ranks: the page that writes 1.0 comes first.
+    topics = ["路由", "插件", "上游", "证书", "限流", "日志", "监控", "鉴权", "缓存", "重试"]
+    docs = {
+        f"t/d{i}.md": (_doc(f"d{i}.md", f"{word}配置", f"网关的{word}说明"), f"# {word}配置\n\n网关{word}参数。")
+        for i, word in enumerate(topics)
+    }
+    docs["t/upgrade.md"] = (_doc("upgrade.md", "升级指南", "版本升级"), "# 升级指南\n\n从 0.16 升级到 1.0 的步骤。")
+    kb = make_kb(tmp_path, docs)
+    ctx = kindex.build_context(kb, "从 0.17 升级到 1.0 要做什么")
+    assert not ctx.fallback and ctx.items[0].path == "t/upgrade.md"
+    for number in ("42", "0.17", "1.0", "2024-05-18", "3'000"):
+        assert kindex.analysis.is_number(number), number
+    for word in ("v1.0", "http2", "1.0-beta", "-1", "."):
+        assert not kindex.analysis.is_number(word), word
+
+
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
     # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
     kb = make_kb(
