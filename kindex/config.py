@@ -59,6 +59,8 @@ def _text_list(value: object) -> tuple[str, ...]:
 
 
 def _documents(value: object) -> tuple[str, ...]:
+    if isinstance(value, list | tuple) and any(isinstance(x, str) and not x.strip() for x in value):
+        raise InvalidDataError("an empty document path")
     out = _text_list(value)
     bad = [p for p in out if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or ":" in p]
     if bad:

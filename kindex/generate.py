@@ -306,7 +306,9 @@ class _Runner:
         self._fatal = False
         """Set when a call failed for the whole run (a bad key, an unknown model): no further call starts."""
         self._reached = False
-        """A model call of this run got an answer: a connection failure after it is one document's, not the run's."""
+        """A model call of this run reached the server (an error status counts): a connection failure after it is
+        one document's, not the run's, unless they follow one another (``_unreachable_in_a_row``)."""
+        self._unreachable_in_a_row = 0
 
     @property
     def sem(self) -> asyncio.Semaphore:
@@ -350,13 +352,23 @@ class _Runner:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
                 self.report.usage.merge(exc.usage)
-                if exc.unreachable and not self._reached:
+                self._unreachable_in_a_row = self._unreachable_in_a_row + 1 if exc.unreachable else 0
+                self._reached = self._reached or not exc.unreachable  # an error is an answer: the server is there
+                if self._unreachable_in_a_row and not self._reached:
                     # Nothing has answered yet: a wrong --api-base or a server that is down, not one document's
                     # bad luck. Stopping here says so at once, instead of every document failing the same way.
                     self._fatal = True
                     raise ModelError(
                         f"{exc.message}: no call of this run has reached the model; check --api-base "
                         "(KINDEX_API_BASE) and that the server is running"
+                    ) from None
+                if self._unreachable_in_a_row >= 2 * max(self.opts.concurrency, 2):
+                    # Every call in flight when the server went away, and as many started after, found nobody:
+                    # the rest would only fail the same way, each after its retries.
+                    self._fatal = True
+                    raise ModelError(
+                        f"{exc.message}: the model stopped answering ({self._unreachable_in_a_row} calls in a row "
+                        "could not connect); the answers so far are cached: run again when it is back"
                     ) from None
                 self.report.failures.append(Failure(path=label, reason=exc.message))
                 return None
@@ -365,6 +377,7 @@ class _Runner:
                 raise
         self.report.usage.merge(answer.usage)
         self._reached = True
+        self._unreachable_in_a_row = 0
         self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:
             self.cache.put(key, answer.obj, label)
@@ -385,7 +398,11 @@ class _Runner:
             old = next((t for t in previous.themes if t.dir == name), None)
             theme_defaults[name] = old or theme_item_from(extractive.describe_theme(name, docs), name)
         doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in s.root_docs}
-        answer = await self._answer(self.generator.root_key(s), "index.json", lambda: self.generator.describe_root(s))
+        answer = None
+        if s.themes or s.root_docs:  # an empty KB's root index is empty: nothing to ask a model
+            answer = await self._answer(
+                self.generator.root_key(s), "index.json", lambda: self.generator.describe_root(s)
+            )
         if answer is None:
             index = Index(themes=tuple(theme_defaults.values()), documents=tuple(doc_defaults.values())).sorted()
         else:
@@ -456,7 +473,9 @@ class _Runner:
         self.report.total = 1 + sum(len(d) for d in s.themes.values())
         if not s.documents:
             self.report.notes.append(
-                "no Markdown document found (only .md files are indexed): the index is empty; is this the folder "
+                f"no usable Markdown document: the {len(s.skipped)} files found were skipped (listed with their reason)"
+                if s.skipped
+                else "no Markdown document found (only .md files are indexed): the index is empty; is this the folder "
                 "that holds your documents?"
             )
         # The root call does not depend on the documents' answers: it runs alongside them.

@@ -21,9 +21,12 @@ _LEADING = re.compile(r"\A(?:[A-Za-z]:/)?(?:\.?/)*")
 
 
 def normalize_path(path: str) -> str:
-    """Forward slashes, no leading ``./`` or ``/``, no drive letter: the form globs are matched against."""
-    path = path.strip().replace("\\", "/")
-    return _LEADING.sub("", path)
+    """Forward slashes, no leading ``./`` or ``/``, no drive letter, no empty or ``.`` folder (``a//b``, ``a/./b``):
+    the form globs are matched against, and the one name a document has."""
+    path = _LEADING.sub("", path.strip().replace("\\", "/"))
+    if "//" in path or "/./" in path:
+        path = "/".join(part for part in path.split("/") if part not in ("", "."))
+    return path
 
 
 def paths_in_text(text: str) -> list[str]:

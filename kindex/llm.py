@@ -11,6 +11,7 @@ import email.utils
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,12 @@ class LLMSettings:
             raise UsageError("timeout and max tokens must be positive, retries and retry delay not negative")
         if self.response_format not in RESPONSE_FORMATS:
             raise UsageError(f"response format {self.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}")
+        if self.api_base:
+            scheme, sep, rest = self.api_base.partition("://")
+            if scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+                # Without a scheme litellm takes the whole string for a path and fails every call as an HTTP 500.
+                hint = f": did you mean http://{self.api_base}?" if not sep and " " not in self.api_base else ""
+                raise UsageError(f"api base {self.api_base!r} is not an http:// or https:// URL{hint}")
 
 
 def import_litellm() -> Any:
@@ -117,6 +124,7 @@ class LiteLLMClient:
     def __init__(self, settings: LLMSettings) -> None:
         if not settings.model:
             raise UsageError("no model configured: pass --model or set KINDEX_MODEL")
+        settings.check()
         self.settings = settings
         self._litellm = import_litellm()
         self._keys_checked = False
@@ -197,6 +205,7 @@ class LiteLLMClient:
         )
         fatal = (lt.AuthenticationError, lt.PermissionDeniedError, lt.NotFoundError)
         attempt = 0
+        answered = False  # an earlier attempt reached a server
         while True:
             try:
                 # The SDK's timeout bounds each wait for a byte; this bounds the whole call, so a server that
@@ -208,10 +217,19 @@ class LiteLLMClient:
             except (*retryable, _EmptyAnswer) as exc:
                 if attempt >= s.retries:
                     where = s.api_base or "the provider"
-                    unreachable = _no_connection(exc)
-                    detail = f"cannot connect to {where}" if unreachable else _short(exc)
-                    message = f"{_kind(exc)} after {attempt + 1} attempts: {detail}"
-                    raise ModelCallError(message, attempt, unreachable=unreachable) from None
+                    failure = _connection_failure(exc)
+                    detail = {
+                        "refused": f"cannot connect to {where}",
+                        "dropped": f"{where} closed the connection without an answer",
+                    }.get(failure or "", _short(exc))
+                    tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
+                    # Unreachable only if no attempt of the call got through: a server that answered even an error
+                    # once is there.
+                    unreachable = failure == "refused" and not answered
+                    raise ModelCallError(
+                        f"{_kind(exc)} after {tries}: {detail}", attempt, unreachable=unreachable
+                    ) from None
+                answered = answered or _connection_failure(exc) != "refused"
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue
@@ -268,24 +286,40 @@ def retry_after(exc: BaseException) -> float | None:
 
 
 def _kind(exc: BaseException) -> str:
-    if _no_connection(exc):
-        return "no connection"  # litellm reports a refused connection as an HTTP 500 it never received
+    failure = _connection_failure(exc)
+    if failure:  # litellm reports either as an HTTP 500 it never received
+        return "no connection" if failure == "refused" else "connection dropped"
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
     return f"{name} (HTTP {status})" if isinstance(status, int) else name
 
 
-def _no_connection(exc: BaseException) -> bool:
-    """Whether the call never reached a server (refused, unreachable, DNS), whatever litellm wrapped it in."""
+# Names, not classes: the transports (httpx, aiohttp) are litellm's dependencies, not kindex's, and may change.
+_CONNECT_ERRORS = frozenset({"ConnectError", "ConnectTimeout", "ClientConnectorError", "ClientConnectorDNSError"})
+_DROP_ERRORS = frozenset({"ReadError", "WriteError", "RemoteProtocolError", "ServerDisconnectedError", "ClientOSError"})
+
+
+def _connection_failure(exc: BaseException) -> str | None:
+    """How a call failed to talk to a server, whatever litellm wrapped it in: ``"refused"`` when no server could be
+    reached (refused, unreachable, DNS), ``"dropped"`` when one accepted the connection and then closed it, ``None``
+    when a server answered (an HTTP error is an answer) or the failure was not the connection's."""
     seen: BaseException | None = exc
+    chained = False
     for _ in range(10):  # the chain of causes is short; bounded against a cycle
         if seen is None:
             break
-        if isinstance(seen, ConnectionError) or type(seen).__name__ in ("ConnectError", "APIConnectionError"):
-            return True
-        seen = seen.__cause__ or seen.__context__
+        name = type(seen).__name__
+        if name == "HTTPStatusError":
+            return None  # the server answered, with an error status ("upstream Connection error." from a gateway)
+        if isinstance(seen, ConnectionRefusedError | socket.gaierror) or name in _CONNECT_ERRORS:
+            return "refused"
+        if isinstance(seen, ConnectionError) or name in _DROP_ERRORS:
+            return "dropped"
+        following = seen.__cause__ or seen.__context__
+        chained = chained or following is not None
+        seen = following
     # Some versions of the stack drop the cause and say it only in the message (the OpenAI client's wording).
-    return "Connection error" in str(exc)
+    return "refused" if not chained and "Connection error" in str(exc) else None
 
 
 def _short(exc: BaseException) -> str:

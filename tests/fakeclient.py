@@ -103,10 +103,13 @@ def well_behaved(call: Call) -> str:
 
 
 def call_error(
-    message: str = "InternalServerError (HTTP 500) after 3 attempts: boom", retries: int = 2
+    message: str = "InternalServerError (HTTP 500) after 3 attempts: boom",
+    retries: int = 2,
+    *,
+    unreachable: bool = False,
 ) -> ModelCallError:
-    """What a real adapter raises when a call failed after its retries."""
-    return ModelCallError(message, retries)
+    """What a real adapter raises when a call failed after its retries (``unreachable``: no server was reached)."""
+    return ModelCallError(message, retries, unreachable=unreachable)
 
 
 class FakeClient:

@@ -74,9 +74,15 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
     code, _, err = run("reindex", str(tmp_path / "missing"))
     assert code == 1 and "knowledge folder" in err and "does not exist" in err
     assert "generator" not in err  # the wrong path is the news, not which generator would have run
+    code, _, err = run("watch", str(tmp_path / "missing"))
+    assert code == 1 and "knowledge folder" in err and "does not exist" in err  # as every command says it
 
     code, _, err = run("reindx", str(sample_kb))
     assert code == 2 and "No such command 'reindx'. Did you mean 'reindex'?" in err
+
+    # Without its scheme litellm took the base for a path: every document failed as an HTTP 500, after retries.
+    code, _, err = run("reindex", str(sample_kb), "--model", "openai/x", "--api-base", "127.0.0.1:8014/v1")
+    assert code == 2 and "api base '127.0.0.1:8014/v1' is not an http:// or https:// URL: did you mean http://" in err
 
     code, _, err = run("sub", str(sample_kb), "nope")
     assert code == 1 and "'nope' is not a theme" in err
@@ -109,9 +115,18 @@ def test_a_fallback_document_that_cannot_be_served_is_reported(sample_kb: Path) 
     assert run("reindex", str(sample_kb))[0] == 0
     code, out, err = run("context", str(sample_kb), "讲个笑话", "--fallback", "nosuch.md")
     assert code == 0 and "## Overview" in out  # the overview of the root index serves instead
-    assert "kindex: no --fallback document can be served (nosuch.md: no such file in" in err
-    code, out, err = run("context", str(sample_kb), "讲个笑话", "--fallback", "./billing/发票开具.md")
-    assert code == 0 and "(source: billing/发票开具.md)" in out and "--fallback" not in err
+    assert "kindex: fallback document 'nosuch.md' (--fallback) is not a .md file in" in err
+    code, out, err = run(
+        "context", str(sample_kb), "讲个笑话", "--fallback", "./billing//发票开具.md", "--fallback", "导读.md"
+    )
+    assert code == 0 and "(source: billing/发票开具.md)" in out and "fallback document" not in err
+    assert out.count("(source: billing/发票开具.md)") == 1 and "(source: 导读.md)" in out
+    (sample_kb / "kindex.toml").write_text('[context]\nfallback_docs = ["导读.md", "nosuch.md"]\n', encoding="utf-8")
+    code, out, err = run("context", str(sample_kb), "讲个笑话")
+    assert code == 0 and "(source: 导读.md)" in out
+    assert "kindex: fallback document 'nosuch.md' (kindex.toml) is not a .md file in" in err
+    code, _, err = run("context", str(sample_kb), "讲个笑话", "--fallback", " ")
+    assert code == 2 and "fallback_docs: an empty document path" in err
 
 
 def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: FakeLLM) -> None:

@@ -159,9 +159,10 @@ def test_a_refused_connection_is_reported_as_such_not_as_http_500(monkeypatch: p
     settings = kindex.LLMSettings(model="openai/fake", api_base=f"http://127.0.0.1:{port}/v1", timeout=5.0, retries=0)
     client = LiteLLMClient(settings)
     with pytest.raises(
-        ModelCallError, match=rf"no connection after 1 attempts: cannot connect to http://127\.0\.0\.1:{port}/v1"
-    ):
+        ModelCallError, match=rf"no connection after 1 attempt: cannot connect to http://127\.0\.0\.1:{port}/v1"
+    ) as raised:
         asyncio.run(client.complete(MESSAGES, json_schema=DOC_SCHEMA))
+    assert raised.value.unreachable
 
 
 def test_a_run_whose_first_call_cannot_connect_stops_at_once(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,6 +179,24 @@ def test_a_run_whose_first_call_cannot_connect_stops_at_once(sample_kb: Path, mo
         kindex.reindex(sample_kb, Options(llm=settings))
     assert not isinstance(raised.value, kindex.GenerationFailed)
     assert not (sample_kb / "index.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(drop=True), r"connection dropped after 1 attempt: http://127\.0\.0\.1:\d+/v1 closed the connection"),
+        (Reply("upstream Connection error.", status=502), r"BadGatewayError \(HTTP 502\) after 1 attempt: .*upstream"),
+    ],
+)
+def test_a_server_that_drops_the_connection_or_answers_an_error_was_reached(
+    fake_llm: FakeLLM, reply: Reply, message: str
+) -> None:
+    # Neither may end a run as "no call reached the model": a server accepted the connection, or answered (a
+    # gateway whose own upstream is down says "Connection error" in a 502, about another machine).
+    fake_llm.script = lambda r: reply
+    with pytest.raises(ModelCallError, match=message) as raised:
+        complete(fake_llm, retries=0)
+    assert not raised.value.unreachable
 
 
 def test_a_refused_connection_reported_only_in_the_message_is_no_connection_not_http_500() -> None:

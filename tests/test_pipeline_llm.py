@@ -6,10 +6,12 @@ the others script the in-process fake client, which records every call the pipel
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 import kindex
 from kindex import Options
 from tests.conftest import client_options
-from tests.fakeclient import Call, FakeClient, call_error, good_doc, good_root, well_behaved
+from tests.fakeclient import Answer, Call, FakeClient, call_error, good_doc, good_root, well_behaved
 from tests.fakellm import FakeLLM
 
 
@@ -235,6 +237,57 @@ def test_a_call_error_fails_its_document_and_counts_its_retries(sample_kb: Path)
     entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
     assert entry["title"] == "离线模式"  # the extractive stand-in
     assert kindex.validate(sample_kb) == []
+
+
+REFUSED = "no connection after 3 attempts: cannot connect to http://127.0.0.1:9/v1"
+
+
+def _answers_then_refuses(answered: int) -> Callable[[Call], Answer]:
+    """A model that answers ``answered`` calls, then is gone: every later call is refused."""
+    count = itertools.count()
+    return lambda call: well_behaved(call) if next(count) < answered else call_error(REFUSED, unreachable=True)
+
+
+def test_a_server_that_answered_an_error_is_there_and_its_refusals_are_failures(sample_kb: Path) -> None:
+    # The first call got an HTTP error: a server answered, so the run must not say "no call reached the model";
+    # refusals after it are per document until enough of them follow one another (next test).
+    count = itertools.count()
+
+    def first_refused(call: Call) -> Answer:
+        return call_error(REFUSED, unreachable=True) if next(count) == 0 else well_behaved(call)
+
+    client = FakeClient(root=call_error(), doc=first_refused)
+    report = kindex.reindex(sample_kb, client_options(client, concurrency=1))
+    assert client.calls[0].kind == "root" and len(report.failures) == 2
+    assert report.failures[1].reason == REFUSED and len(client.doc_calls()) == 18
+
+
+def test_a_server_that_goes_away_mid_run_stops_it_after_a_run_of_refusals(sample_kb: Path) -> None:
+    client = FakeClient(root=call_error(), doc=_answers_then_refuses(5))
+    with pytest.raises(kindex.ModelError, match=r"the model stopped answering \(4 calls in a row could not connect\)"):
+        kindex.reindex(sample_kb, client_options(client, concurrency=1))
+    assert len(client.doc_calls()) == 5 + 4  # then no call is started
+    again = FakeClient()
+    report = kindex.reindex(sample_kb, client_options(again, concurrency=1))
+    assert report.ok and report.cache_hits == 5 and len(again.doc_calls()) == 18 - 5  # the answers were kept
+
+
+def test_scattered_refusals_do_not_stop_a_run(sample_kb: Path) -> None:
+    count = itertools.count()
+
+    def every_third_refused(call: Call) -> Answer:
+        return call_error(REFUSED, unreachable=True) if next(count) % 3 == 2 else well_behaved(call)
+
+    client = FakeClient(root=every_third_refused, doc=every_third_refused)
+    report = kindex.reindex(sample_kb, client_options(client, concurrency=1))
+    assert len(report.failures) == 19 // 3 and all(f.reason == REFUSED for f in report.failures)
+
+
+def test_an_empty_kb_asks_the_model_nothing(tmp_path: Path) -> None:
+    client = FakeClient()
+    report = kindex.reindex(tmp_path, client_options(client))
+    assert client.calls == [] and report.ok and report.notes[0].startswith("no Markdown document found")
+    assert kindex.validate(tmp_path) == []
 
 
 def test_sub_and_doc_steps_merge_into_the_theme_index(sample_kb: Path, fake_client: FakeClient) -> None:

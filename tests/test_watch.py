@@ -211,3 +211,12 @@ def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_fold
         status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
         assert status["watching"] is False and "is gone" in status["last"]["error"]
         assert http.delete(f"/v1/agents/{agent}/knowledge/watch").status_code == 200
+
+
+def test_a_failed_update_is_printed_as_failed_not_as_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    from kindex.cli.watch import _emit
+
+    _emit(Update(("billing/退款政策.md",), (), (), (), "no connection after 5 attempts: cannot connect"), False)
+    out, err = capsys.readouterr()
+    assert out == "billing/退款政策.md -> failed: 0 model calls\n"
+    assert "kindex: no connection after 5 attempts: cannot connect (the next change tries again)" in err

@@ -17,6 +17,7 @@ from kindex.retrieve import (
     DEFAULT_MIN_RELEVANCE,
     Retriever,
 )
+from kindex.scan import servable
 from kindex.skillmodel import SkillShelf
 
 MAX_MESSAGE_BYTES = 8 * 2**20
@@ -124,10 +125,13 @@ def context(
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
         click.echo(ctx.text)
-    served = {item.path for item in ctx.items}
-    if ctx.fallback and fallback_docs and not served & {normalize_path(d) for d in fallback_docs}:
-        named = ", ".join(fallback_docs)
-        click.echo(f"kindex: no --fallback document can be served ({named}: no such file in {kb}?)", err=True)
+    if settings.sources["fallback_docs"] != "default":  # the defaults are names a KB may well not have
+        for name in settings["fallback_docs"]:
+            if not servable(retriever.root, normalize_path(name)):
+                where = (
+                    "--fallback" if settings.sources["fallback_docs"] == "flag" else settings.sources["fallback_docs"]
+                )
+                click.echo(f"kindex: fallback document {name!r} ({where}) is not a .md file in {kb}", err=True)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
 

@@ -10,12 +10,14 @@ import click
 import orjson
 
 from kindex.cli.index import model_opts, options_from
+from kindex.cli.options import kb_arg
 from kindex.kb import KnowledgeBase, Settings
+from kindex.scan import kb_folder
 from kindex.watch import DEFAULT_DEBOUNCE_MS, Update, Watcher
 
 
 @click.command()
-@click.argument("kb", type=click.Path(file_okay=False, exists=True, path_type=str))
+@kb_arg
 @click.option(
     "--debounce",
     type=click.IntRange(50, 60_000),
@@ -38,6 +40,7 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
       kindex watch sample_kb --model openai/gpt-4o-mini
     """
     as_json = kw.pop("as_json")
+    kb_folder(kb)  # a wrong path says so as every command does, before the model is set up
     options = options_from(kb, kw, None)
     handle = KnowledgeBase(kb, Settings(generation=options))
     first = handle.reindex()
@@ -70,7 +73,9 @@ def _emit(update: Update, as_json: bool) -> None:
         click.echo(orjson.dumps(line).decode())
     else:
         what = ", ".join([*update.changed, *(f"-{r}" for r in update.removed)]) or "start"
-        done = f"{'; '.join(update.steps) or 'nothing to do'}: {update.calls} model calls"
+        done = (
+            f"{'; '.join(update.steps) or ('failed' if update.error else 'nothing to do')}: {update.calls} model calls"
+        )
         wrote = f", wrote {', '.join(update.written)}" if update.written else ""
         click.echo(f"{what} -> {done}{wrote}")
         if update.error:
