@@ -40,6 +40,10 @@ class LLMClient(Protocol):
     async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion: ...
 
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds a model call may take to connect (at most half its ``timeout``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LLMSettings:
     """How to reach the model. Unset fields come from ``KINDEX_*`` environment variables (see ``from_env``)."""
@@ -127,6 +131,9 @@ class LiteLLMClient:
         settings.check()
         self.settings = settings
         self._litellm = import_litellm()
+        import httpx  # litellm's own transport dependency, loaded with it
+
+        self._httpx = httpx
         self._keys_checked = False
         self._api_key: str | None = None
         self._response_format = self._choose_response_format()
@@ -178,7 +185,9 @@ class LiteLLMClient:
             "messages": [dict(m) for m in messages],
             "temperature": s.temperature,
             "max_tokens": s.max_tokens,
-            "timeout": s.timeout,
+            # A connect that takes this long finds no server (a firewalled host drops the attempt): said as such, it
+            # counts as unreachable, where the whole-call deadline would only say the call took too long.
+            "timeout": self._httpx.Timeout(s.timeout, connect=min(CONNECT_TIMEOUT, s.timeout / 2)),
             # kindex does its own retries (with Retry-After); the SDK's would multiply them.
             "num_retries": 0,
             "max_retries": 0,

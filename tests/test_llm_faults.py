@@ -199,6 +199,30 @@ def test_a_server_that_drops_the_connection_or_answers_an_error_was_reached(
     assert not raised.value.unreachable
 
 
+def test_a_host_that_never_accepts_the_connection_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A firewalled host drops the connection attempt: the whole-call deadline used to fire first, saying only that
+    # the call took too long, so a run against it failed every document after its retries instead of stopping.
+    import socket
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        pending = [socket.socket() for _ in range(4)]
+        for sock in pending:  # fill the listen queue: a further SYN is dropped, as a firewall would
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+        try:
+            settings = LLMSettings(model="openai/fake", api_base=f"http://127.0.0.1:{port}/v1", timeout=2.0, retries=0)
+            with pytest.raises(ModelCallError, match="no connection after 1 attempt: cannot connect") as raised:
+                asyncio.run(LiteLLMClient(settings).complete(MESSAGES, json_schema=DOC_SCHEMA))
+            assert raised.value.unreachable
+        finally:
+            for sock in pending:
+                sock.close()
+
+
 def test_a_refused_connection_reported_only_in_the_message_is_no_connection_not_http_500() -> None:
     # Seen from a fresh virtualenv: litellm's InternalServerError (status 500) with no cause chain, the refusal
     # said only in the message. Before, this was reported as "InternalServerError (HTTP 500)".

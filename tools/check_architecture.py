@@ -42,9 +42,11 @@ LAYERS: list[list[str]] = [
     ["kindex.watch", "kindex.queue"],
     ["kindex.server", "kindex.mcpserver", "kindex.cli", "kindex"],
 ]
-# Optional heavy dependencies may be imported inside a function (litellm, fastapi's server, uvicorn, tqdm).
+# Optional heavy dependencies may be imported inside a function (litellm, fastapi's server, uvicorn, tqdm; httpx
+# for litellm's timeouts, only where litellm is loaded).
 LAZY_ALLOWED = {
     "litellm",
+    "httpx",
     "uvicorn",
     "tqdm",
     "kindex.server",
