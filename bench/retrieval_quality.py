@@ -3,7 +3,7 @@
     python bench/retrieval_quality.py [--sets dev|heldout|all] [--keep DIR]     (needs: pip install -e '.[bench]')
 
 Corpora (copied to a temporary folder, indexed with the offline extractive generator): ../shared/corpora apisix/zh,
-fastapi/zh, greptime-zh/kb, memdocs-zh/kb, and sample_kb.
+fastapi/zh, greptime-zh/kb, memdocs-zh/kb, sample_kb, and the English trees apisix/en and fastapi/en.
 
 Question sets. *dev* sets are the ones the weights and the relevance threshold were chosen on; *held-out* sets were
 written by someone who did not see the code (bench/queries/keywords.json, colloquial.json, offtopic_heldout.json)
@@ -19,12 +19,15 @@ or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing
             80 questions and 120 off-topic messages each holding a name that mixes letters and digits (HTTP2,
             Win11, utf8mb4, an error code), about half of the latter a name the corpus mentions
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
-            messages (small talk for every KB, near-domain tech questions about other products per KB)
+            messages (small talk for every KB, near-domain tech questions about other products per KB); and for the
+            English KBs, bench/queries/english.json (25 questions with their pages and 15 off-topic messages each,
+            a third of them small talk), the only sets sent to them (their FAQ.md questions aside, as for APISIX zh)
 
 Baselines, on the same documents in the same run (bm25s, k1 1.5, b 0.75):
   bm25s-jieba: full text, jieba ``lcut_for_search`` tokens;
   bm25s-char:  full text, character unigrams + bigrams (Han), Latin words;
-  bm25s-kx:    the index entry (title, tags, summary, questions) + full text, with kindex's own analysis.
+  bm25s-kx:    the index entry (title, tags, summary, questions) + full text, with kindex's own analysis;
+  bm25s-en:    (English KBs) full text, bm25s's English stop words and the Snowball English stemmer.
 A kindex ranking that falls back (off topic) counts as a miss. Per set: Hit@1, Hit@5, MRR@10, nDCG@10, and per
 question wins/losses (nDCG@10) against the best baseline of that set. The hand-written and helper dev questions are
 also asked with one of VALUES appended (a user name, a ticket, an e-mail address…), which must not push them off
@@ -73,6 +76,8 @@ KBS = {
     "greptime-zh": CORPORA / "greptime-zh" / "kb",
     "memdocs-zh": CORPORA / "memdocs-zh" / "kb",
     "sample_kb": HERE.parent / "sample_kb",
+    "apisix/en": CORPORA / "apisix" / "en",
+    "fastapi/en": CORPORA / "fastapi" / "en",
 }
 
 
@@ -140,7 +145,15 @@ def char_tok(text: str) -> list[str]:
     return out
 
 
-def baselines(kb: Path) -> dict[str, Ranker]:
+def english_tok() -> Callable[[str], list[str]]:
+    import Stemmer
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stemmer, stop = Stemmer.Stemmer("english"), frozenset(STOPWORDS_EN)
+    return lambda text: stemmer.stemWords([w for w in re.findall(r"\w+", text.lower()) if w not in stop])
+
+
+def baselines(kb: Path, english: bool = False) -> dict[str, Ranker]:
     paths, texts = _docs(kb)
     entries = {rel: item for rel, _, item in read_entries(kb).docs}
     with_entry = [
@@ -149,11 +162,14 @@ def baselines(kb: Path) -> dict[str, Ranker]:
         else t
         for p, t in zip(paths, texts, strict=True)
     ]
-    return {
+    out = {
         "bm25s-jieba": bm25s_ranker(paths, texts, jieba_tok()),
         "bm25s-char": bm25s_ranker(paths, texts, char_tok),
         "bm25s-kx": bm25s_ranker(paths, with_entry, analyze),
     }
+    if english:
+        out["bm25s-en"] = bm25s_ranker(paths, texts, english_tok())
+    return out
 
 
 _IDENT = re.compile(r"(?<![\w.-])(?:[A-Za-z0-9]+(?:[-_.][A-Za-z0-9]+)+|[a-z]{2,}[A-Z][A-Za-z0-9]*)(?![\w])")
@@ -209,6 +225,7 @@ def main() -> None:
     colloquial = json.loads((queries_dir / "colloquial.json").read_text(encoding="utf-8"))
     off_dev = json.loads((queries_dir / "offtopic.json").read_text(encoding="utf-8"))["messages"]
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
+    english = json.loads((queries_dir / "english.json").read_text(encoding="utf-8"))
     helpers = {
         f: json.loads((queries_dir / f).read_text(encoding="utf-8"))
         for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
@@ -221,7 +238,8 @@ def main() -> None:
     offtopic_rows: list[tuple[str, str, int, int]] = []
     on_topic_total = on_topic_fell = 0
     with_value = [0, 0]  # dev questions with a value appended: [fell back, asked]
-    identifiers = [0, 0, 0]  # identifier questions: [fell back, a page holding it in the context, asked]
+    # Identifier questions per script of the KB (zh, en): [fell back, a page holding it in the context, asked].
+    identifiers = {"zh": [0, 0, 0], "en": [0, 0, 0]}
     pick = random.Random(7)
     keyword_top3: list[float] = []
     tmp = tempfile.TemporaryDirectory()
@@ -254,11 +272,13 @@ def main() -> None:
             sets["colloquial (held-out)"] = [(q, t) for q, t in colloquial[name]]
         if held and name in keywords:
             sets["keywords (held-out)"] = [(q, t) for q, t in keywords[name]]
+        if held and name in english:
+            sets["english (held-out)"] = [(q, t) for q, t in english[name]["on"]]
         started = time.perf_counter()
         kindex.reindex(kb)
         print(f"{name}: indexed offline in {time.perf_counter() - started:.2f} s", file=sys.stderr)
         rankers: dict[str, Ranker] = {"kindex": lambda q, kb=kb: [i.path for i in kindex.search(kb, q, limit=10)]}
-        rankers.update(baselines(kb))
+        rankers.update(baselines(kb, english=name.endswith("/en")))
         for set_name, queries in sets.items():
             results = evaluate(rankers, queries)
             base = max((b for b in results if b != "kindex"), key=lambda b: mean(results[b], "ndcg@10"))
@@ -293,16 +313,21 @@ def main() -> None:
         if dev:
             for q, targets in identifier_queries(kb):
                 ctx = kindex.build_context(kb, q)
-                identifiers[0] += ctx.fallback
-                identifiers[1] += not ctx.fallback and any(i.path in targets for i in ctx.items)
-                identifiers[2] += 1
+                counts = identifiers["en" if name.endswith("/en") else "zh"]
+                counts[0] += ctx.fallback
+                counts[1] += not ctx.fallback and any(i.path in targets for i in ctx.items)
+                counts[2] += 1
         messages: dict[str, list[str]] = {}
-        if dev:
-            messages["dev"] = off_dev
-        if held:
-            messages["held-out: small talk"] = off_held["any"]
-            if name in off_held:
-                messages["held-out: near-domain"] = off_held[name]
+        if name in english:  # the Chinese lists are not what an English KB's users send
+            if held:
+                messages["held-out: english"] = english[name]["off"]
+        else:
+            if dev:
+                messages["dev"] = off_dev
+            if held:
+                messages["held-out: small talk"] = off_held["any"]
+                if name in off_held:
+                    messages["held-out: near-domain"] = off_held[name]
         for label, msgs in messages.items():
             fb = [kindex.build_context(kb, m).fallback for m in msgs]
             offtopic_rows.append((name, label, sum(fb), len(msgs)))
@@ -351,11 +376,12 @@ def main() -> None:
             f"- dev questions with a value appended (a user, a ticket, an address: VALUES) that fell back: "
             f"{with_value[0]}/{with_value[1]}"
         )
-    if identifiers[2]:
-        print(
-            f"- identifiers from the docs asked alone or with 是什么意思 (dev): fell back {identifiers[0]}/"
-            f"{identifiers[2]}, a page holding it in the context {identifiers[1]}/{identifiers[2]}"
-        )
+    for script, (fell, found, asked) in identifiers.items():
+        if asked:
+            print(
+                f"- identifiers from the docs asked alone or with 是什么意思 ({script} KBs, dev): fell back {fell}/"
+                f"{asked}, a page holding it in the context {found}/{asked}"
+            )
     for f, counts in helper_fell.items():
         if counts:
             parts = [f"{label} {fell}/{n} ({fell / n:.1%})" for label, (fell, n) in counts.items()]
