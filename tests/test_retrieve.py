@@ -490,6 +490,19 @@ def test_a_version_or_a_date_weighs_as_a_number(tmp_path: Path) -> None:
         assert not kindex.analysis.is_number(word), word
 
 
+def test_a_word_mentioned_once_in_a_long_page_of_many_words_is_found(tmp_path: Path) -> None:
+    # Release notes name thousands of things, each once or twice. A page keeps its 20,000 most frequent body terms;
+    # at 5,000 the identifier mentioned once below was dropped, and asking for it fell back.
+    letters = "bcdfghjklmnpqrtvwxz"
+    words = [f"zq{a}{b}{c}" for a in letters for b in letters for c in letters][:6000]
+    notes = "# Release notes\n\n" + " ".join(words * 2) + "\n\nFixed iter_route_contexts.\n"
+    docs = {"t/notes.md": (_doc("notes.md", "Release notes", "What changed"), notes)}
+    docs["t/other.md"] = (_doc("other.md", "Routing", "How routes work"), "# Routing\n\nRoutes and contexts.")
+    kb = make_kb(tmp_path, docs)
+    ctx = kindex.build_context(kb, "iter_route_contexts")
+    assert not ctx.fallback and ctx.items[0].path == "t/notes.md"
+
+
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
     # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
     kb = make_kb(
