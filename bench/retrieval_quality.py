@@ -21,7 +21,8 @@ or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
             messages (small talk for every KB, near-domain tech questions about other products per KB); and for the
             English KBs, bench/queries/english.json (25 questions with their pages and 15 off-topic messages each,
-            a third of them small talk), the only sets sent to them (their FAQ.md questions aside, as for APISIX zh)
+            a third of them small talk), the only held-out sets sent to them; their dev sets are
+            bench/queries/english_dev.json (30 questions and 20 messages each, by another helper) and APISIX's FAQ.md
 
 Baselines, on the same documents in the same run (bm25s, k1 1.5, b 0.75):
   bm25s-jieba: full text, jieba ``lcut_for_search`` tokens;
@@ -226,6 +227,7 @@ def main() -> None:
     off_dev = json.loads((queries_dir / "offtopic.json").read_text(encoding="utf-8"))["messages"]
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
     english = json.loads((queries_dir / "english.json").read_text(encoding="utf-8"))
+    english_dev = json.loads((queries_dir / "english_dev.json").read_text(encoding="utf-8"))
     helpers = {
         f: json.loads((queries_dir / f).read_text(encoding="utf-8"))
         for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
@@ -272,6 +274,8 @@ def main() -> None:
             sets["colloquial (held-out)"] = [(q, t) for q, t in colloquial[name]]
         if held and name in keywords:
             sets["keywords (held-out)"] = [(q, t) for q, t in keywords[name]]
+        if dev and name in english_dev:
+            sets["english (dev)"] = [(q, t) for q, t in english_dev[name]["on"]]
         if held and name in english:
             sets["english (held-out)"] = [(q, t) for q, t in english[name]["on"]]
         started = time.perf_counter()
@@ -319,6 +323,8 @@ def main() -> None:
                 counts[2] += 1
         messages: dict[str, list[str]] = {}
         if name in english:  # the Chinese lists are not what an English KB's users send
+            if dev:
+                messages["dev: english"] = english_dev[name]["off"]
             if held:
                 messages["held-out: english"] = english[name]["off"]
         else:
