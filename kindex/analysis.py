@@ -116,6 +116,24 @@ def background_rate(word: str) -> float:
     return max(int(_segmenter(word).suggest_freq(word)), 1) / BACKGROUND_TOKENS
 
 
+_EN_FILE = Path(__file__).with_name("en_words.bin")  # written by tools/build_en_words.py
+_EN_MAGIC = b"KXEW1\0\0\0"
+_english: list[_Dictionary | None] = []  # loaded on first use; [None] when the table is missing or damaged
+
+
+def english_rate(term: str) -> float | None:
+    """How often general English uses ``term`` (a stem, as :func:`analyze` gives it) per word, from the Google Books
+    counts of tools/build_en_words.py; ``None`` for a word English does not hold (a name: FastAPI, nginx, Django) or
+    when the table is missing."""
+    if not _english:
+        _english.append(_mapped(_EN_FILE, _EN_MAGIC))  # two threads may both map it; either mapping serves
+    table = _english[0]
+    if table is None or not term.isascii():
+        return None
+    _, count = table.lookup(term.encode("ascii"))
+    return count / table.total if count and table.total else None
+
+
 # -- the segmenter ------------------------------------------------------------------------------------------------
 
 LIGHT_BUDGET = 4_000
@@ -215,26 +233,32 @@ class _Segmenters:
         return self._light if isinstance(self._light, tuple) else None
 
 
-def _load_light() -> tuple[_Dictionary, Any] | None:
-    """The dictionary table and rjieba's segmenter class, loaded without rjieba's package, whose import builds the
-    full dictionary; ``None`` when either is missing (the full segmenter then serves every text)."""
+def _mapped(path: Path, magic: bytes) -> _Dictionary | None:
+    """The table of ``path`` (the layout of tools/build_zh_words.py), or ``None`` when it is missing or damaged."""
     if sys.byteorder != "little":
         return None
     try:
-        # Mapped, not read: a question touches a few dozen pages of it. Installers and tools/build_zh_words.py
-        # replace the file rather than rewrite it, so a mapping never sees it cut short.
-        with _WORDS_FILE.open("rb") as f:
+        # Mapped, not read: a question touches a few dozen pages of it. Installers and the tools that write these
+        # tables replace the file rather than rewrite it, so a mapping never sees it cut short.
+        with path.open("rb") as f:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return None
-    if data[: len(_MAGIC)] != _MAGIC:
+    if data[: len(magic)] != magic:
         return None
     try:
         dictionary = _Dictionary(data)
         whole = dictionary.base + dictionary.offsets[dictionary.n] == len(data)
     except (struct.error, TypeError, IndexError):  # cut short: its header or tables end before they should
         return None
-    if not whole:
+    return dictionary if whole else None
+
+
+def _load_light() -> tuple[_Dictionary, Any] | None:
+    """The dictionary table and rjieba's segmenter class, loaded without rjieba's package, whose import builds the
+    full dictionary; ``None`` when either is missing (the full segmenter then serves every text)."""
+    dictionary = _mapped(_WORDS_FILE, _MAGIC)
+    if dictionary is None:
         return None
     jieba = sys.modules["rjieba"].Jieba if "rjieba" in sys.modules else _jieba_class()
     return (dictionary, jieba) if jieba is not None else None

@@ -32,6 +32,7 @@ from kindex.analysis import (
     MAX_VOCAB_TERM,
     analyze,
     background_rate,
+    english_rate,
     has_han,
     identifier_terms,
     is_number,
@@ -125,6 +126,7 @@ MAX_FIT_TERMS = 32
 the heaviest this many. Each word costs a scan of the document, and a 20,000-character message held by a document
 of 60,000 sections made one call take 40 s; a question's subject is in its few heaviest words."""
 _EXACT = "\0"
+_ENGLISH = "\1"
 """Prefix of an exact row's key in :attr:`_Loaded.rows` (no term holds a NUL)."""
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
@@ -395,14 +397,15 @@ class _Scored:
         return [tuple(f) for f in found]
 
 
-def specificity(term: str, kb_rate: float, named_rate: float = 0.0) -> float:
+def specificity(term: str, kb_rate: float, named_rate: float = 0.0, background: float | None = None) -> float:
     """How far the KB uses a Chinese word more than general Chinese does, 0 to 1: ``kb_rate`` (its occurrences per
     token in the KB) against its rate in the segmenter's dictionary, on a log scale where ``SPECIFIC_RATIO`` times
     the background rate or more counts fully and the background rate or less not at all. Or, if more, the same of
     ``named_rate``, its occurrences per token of the KB's titles and tags: what names documents is what they are
     about (时区, a chapter of a database manual, is an everyday word in its pages), unless the titles use it no
-    more than general Chinese does (期间, 注意, 第一 among a large KB's thousands of titles). Rates of 0 give 0."""
-    ratio = max(kb_rate, named_rate) / background_rate(term)
+    more than general Chinese does (期间, 注意, 第一 among a large KB's thousands of titles). Rates of 0 give 0.
+    ``background``: the word's rate in the language, when it is not Chinese (an English word: :func:`english_rate`)."""
+    ratio = max(kb_rate, named_rate) / (background_rate(term) if background is None else background)
     if ratio <= 0:
         return 0.0
     return min(max(math.log(ratio) / math.log(SPECIFIC_RATIO), 0.0), 1.0)
@@ -474,7 +477,8 @@ def _query_terms(message: str, loaded: _Loaded) -> list[str]:
 def _scored(loaded: _Loaded, message: str) -> _Scored:
     """The scores of every document for ``message`` (see :func:`_score`)."""
     bounded = _bounded(message)
-    return _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded))
+    english = not has_han(bounded)
+    return _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded), english)
 
 
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -484,7 +488,7 @@ def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float
     return (tf / (K1 + tf)).astype(np.float32)
 
 
-def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
+def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None = None) -> _Row:
     """The row of ``term`` (see :class:`_Row`), computed on its first use and kept: a KB's questions come back to
     the same few hundred words, and combining a term's postings field by field was most of a call's cost.
 
@@ -497,9 +501,15 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     protocols, encodings and versions are mentioned in passing everywhere, and a page naming HTTP2 once is not
     about ``Chrome 里怎么看网站是不是 HTTP2``. Kept beside the term's plain row.
 
+    ``english``: the rate in general English of a word of an English question (:func:`english_rate`). Such a word
+    is weighed as a Chinese word is in a Chinese question: by how much more the KB uses it than the language does
+    (``joke`` or ``thanks``, which a page happens to write, say nothing of what the KB is about), and one the KB never
+    uses is phrasing, not another product's name (``realtime``, ``boots``). In a Chinese question a Latin-script
+    word is a name, whatever English makes of it (Excel, Word, Python). Kept beside the term's plain row.
+
     Two threads may both compute a new term's row; they compute the same one and either may be kept.
     """
-    key = _EXACT + term if exact else term
+    key = _EXACT + term if exact else _ENGLISH + term if english is not None else term
     row = loaded.rows.get(key)
     if row is not None:
         return row
@@ -509,12 +519,12 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
     hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
-        weight = informative(term, idf, 0, 0.0)
+        weight = UNSEEN_HAN_WEIGHT * idf if english is not None else informative(term, idf, 0, 0.0)
         row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
-            loaded.rows[term] = row
+            loaded.rows[key] = row
         return row
     # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
     body_w = np.zeros(n, dtype=np.float32)
@@ -546,13 +556,18 @@ def _row(loaded: _Loaded, term: str, exact: bool = False) -> _Row:
         gain += ENTRY_BOOST * entry_idf * ew / (K1 + ew)
     cover = np.ones(len(docs), np.float32) if code else np.maximum(ew > 0, BODY_COVER * _saturate(body_w[docs]))
     kb_rate, named_rate = occurrences / loaded.tokens, named / loaded.named_tokens
-    weight = informative(term, idf, len(docs), kb_rate, named_rate)
+    if english is not None:
+        weight = idf * specificity(term, kb_rate, named_rate, english)
+    else:
+        weight = informative(term, idf, len(docs), kb_rate, named_rate)
     # A code identifier names one thing: one mention shows it (see ``exact``).
-    subj = (
-        1.0
-        if code
-        else subject(term, len(docs), _shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)
-    )
+    shown_rates = (_shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)
+    if code:
+        subj = 1.0
+    elif english is not None:
+        subj = specificity(term, *shown_rates, english)
+    else:
+        subj = subject(term, len(docs), *shown_rates)
     rank = 1.0
     if has_han(term) and not named_rate:
         # A word in a title or tag ranks the documents it names fully, however everyday: telling documents apart is
@@ -568,6 +583,7 @@ def _score(
     terms: list[str],
     values: frozenset[str] = frozenset(),
     identifiers: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
+    english: bool = False,
 ) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
@@ -587,6 +603,8 @@ def _score(
         row = _row(loaded, term)
         if len(row.docs) and term in identifiers:
             row = _row(loaded, term, exact=True)
+        elif english and term.isalpha():
+            row = _english_row(loaded, term, row)
         df = len(row.docs)
         if df:
             # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
@@ -604,6 +622,21 @@ def _score(
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
     return _Scored(terms, scores, per_term, covered, total)
+
+
+def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
+    """The row of a word of an English question: weighed against general English where English has the word (see
+    ``english`` in :func:`_row`), else ``plain`` (a name). Kept, so the table is looked up once per word."""
+    row = loaded.rows.get(_ENGLISH + term)
+    if row is None:
+        rate = english_rate(term)
+        if rate is not None:
+            return _row(loaded, term, english=rate)
+        row = plain
+        if len(plain.docs) or (loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM):
+            loaded.absent += not len(plain.docs)
+            loaded.rows[_ENGLISH + term] = row
+    return row
 
 
 def _spelled(word: str, held: set[str]) -> bool:

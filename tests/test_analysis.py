@@ -75,6 +75,14 @@ def _with_total(table: bytes, total: int) -> bytes:
     return bytes(out)
 
 
+def _table_at(tmp_path: Path, table: bytes | None) -> Path:
+    """A path holding ``table`` (``None``: nothing there)."""
+    path = tmp_path / "words.bin"
+    if table is not None:
+        path.write_bytes(table)
+    return path
+
+
 @pytest.mark.parametrize(
     "table",
     [
@@ -91,11 +99,25 @@ def _with_total(table: bytes, total: int) -> bytes:
 def test_without_a_usable_word_table_the_full_segmenter_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None
 ) -> None:
-    path = tmp_path / "zh_words.bin"
-    if table is not None:
-        path.write_bytes(table)
-    monkeypatch.setattr(analysis, "_WORDS_FILE", path)
+    monkeypatch.setattr(analysis, "_WORDS_FILE", _table_at(tmp_path, table))
     assert analysis._Segmenters().for_text("退款多久到账") is rjieba
+
+
+def test_english_rates_are_by_stem_and_names_have_none() -> None:
+    # tools/build_en_words.py: Google Books counts, by the analyzer's stem; a name English does not hold has none.
+    rate = analysis.english_rate
+    assert rate("thank") and rate("joke") and rate("weather")
+    assert rate("weather") > rate("joke") > rate("thank")  # type: ignore[operator]
+    assert rate("fastapi") is None and rate("websocket") is None and rate("退款") is None and rate("the") is None
+
+
+@pytest.mark.parametrize("table", [None, b"not a table", analysis._EN_MAGIC + b"\x01"], ids=["missing", "junk", "cut"])
+def test_without_a_usable_english_table_no_word_has_a_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None
+) -> None:
+    monkeypatch.setattr(analysis, "_EN_FILE", _table_at(tmp_path, table))
+    monkeypatch.setattr(analysis, "_english", [])
+    assert analysis.english_rate("thank") is None
 
 
 def test_the_kb_vocabulary_keeps_words_the_segmenter_cuts_apart_but_no_stop_words_alone() -> None:

@@ -503,6 +503,31 @@ def test_a_word_mentioned_once_in_a_long_page_of_many_words_is_found(tmp_path: P
     assert not ctx.fallback and ctx.items[0].path == "t/notes.md"
 
 
+def test_an_english_question_weighs_its_words_against_general_english(tmp_path: Path) -> None:
+    # A word general English uses and the KB does not (chat) is phrasing, not another product's name: it used to
+    # weigh twice the rarest word's weight and push the question off topic. A word the KB writes no more than
+    # English does (joke, once in passing) is no subject of it: small talk falls back. A name English does not
+    # know (Django) still names another product.
+    topics = ["routing", "plugins", "upstreams", "certificates", "logging", "metrics", "tracing", "caching"]
+    docs = {
+        f"t/{word}.md": (
+            _doc(f"{word}.md", f"Gateway {word}", f"How the gateway handles {word}"),
+            f"# Gateway {word}\n\nThe gateway handles {word} for every route and every plugin.",
+        )
+        for word in topics
+    }
+    docs["t/websockets.md"] = (
+        _doc("websockets.md", "WebSockets", "Proxy websocket connections"),
+        "# WebSockets\n\nThe gateway proxies websocket connections. This is no joke: they stay open for hours. "
+        + "A websocket route needs the websocket flag; websocket timeouts are per route. " * 2,
+    )
+    kb = make_kb(tmp_path, docs)
+    ctx = kindex.build_context(kb, "how do I build a chat with websockets?")
+    assert not ctx.fallback and ctx.items[0].path == "t/websockets.md"
+    assert kindex.build_context(kb, "tell me a joke").fallback
+    assert kindex.build_context(kb, "how do I add django admin to a websocket route").fallback
+
+
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:
     # jieba cuts 时区 into 时 (a stop word) and 区 wherever it stands; a title naming it makes it one term.
     kb = make_kb(

@@ -55,3 +55,6 @@ def test_every_template_renders_from_an_installed_wheel(tmp_path: Path, sample_k
     source = {p.relative_to(REPO).as_posix() for p in (REPO / "kindex").rglob("*.py")}
     shipped = {p.relative_to(site).as_posix() for p in (site / "kindex").rglob("*.py") if "prompts" not in p.parts}
     assert source == shipped
+    # And every data file: the word tables are read where the package is installed.
+    data = {p.name for p in (REPO / "kindex").glob("*.bin")}
+    assert data == {"zh_words.bin", "en_words.bin"} and all((site / "kindex" / name).is_file() for name in data)
