@@ -126,8 +126,9 @@ MAX_FIT_TERMS = 32
 the heaviest this many. Each word costs a scan of the document, and a 20,000-character message held by a document
 of 60,000 sections made one call take 40 s; a question's subject is in its few heaviest words."""
 _EXACT = "\0"
-_ENGLISH = "\1"
 """Prefix of an exact row's key in :attr:`_Loaded.rows` (no term holds a NUL)."""
+_ENGLISH = "\1"
+"""Prefix of the key of a row weighed against general English (``english`` in :func:`_row`)."""
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
 _README_NAMES = ("readme.md", "index.md")
@@ -560,10 +561,9 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
         weight = idf * specificity(term, kb_rate, named_rate, english)
     else:
         weight = informative(term, idf, len(docs), kb_rate, named_rate)
-    # A code identifier names one thing: one mention shows it (see ``exact``).
     shown_rates = (_shown(occurrences) / loaded.tokens, _shown(named) / loaded.named_tokens)
     if code:
-        subj = 1.0
+        subj = 1.0  # a code identifier names one thing: one mention shows it (see ``exact``)
     elif english is not None:
         subj = specificity(term, *shown_rates, english)
     else:
@@ -592,7 +592,8 @@ def _score(
     parts' terms), a document mentioning one ranks by it whatever its length and, for a code identifier, covers it
     fully (the term's exact row: :func:`_row`): ``X-Nonce`` or ``next_cursor`` asked alone is about the page that
     mentions it, even once in a table. Where the KB holds an identifier whole, its parts rank ``PART_WEIGHT`` of
-    their gain."""
+    their gain. ``english``: the question holds no Chinese, and its words English has are weighed against general
+    English (:func:`_english_row`)."""
     n = loaded.n
     weak = {p for whole, parts in identifiers.items() if len(_row(loaded, whole).docs) for p in parts}
     scores = np.zeros(n, dtype=np.float32)
