@@ -119,19 +119,26 @@ def background_rate(word: str) -> float:
 _EN_FILE = Path(__file__).with_name("en_words.bin")  # written by tools/build_en_words.py
 _EN_MAGIC = b"KXEW1\0\0\0"
 _english: list[_Dictionary | None] = []  # loaded on first use; [None] when the table is missing or damaged
+_english_rates: dict[str, float | None] = {}
 
 
 def english_rate(term: str) -> float | None:
     """How often general English uses ``term`` (a stem, as :func:`analyze` gives it) per word, from the Google Books
     counts of tools/build_en_words.py; ``None`` for a word English does not hold (a name: FastAPI, nginx, Django) or
     when the table is missing."""
+    if term in _english_rates:
+        return _english_rates[term]
     if not _english:
         _english.append(_mapped(_EN_FILE, _EN_MAGIC))  # two threads may both map it; either mapping serves
     table = _english[0]
-    if table is None or not term.isascii():
-        return None
-    _, count = table.lookup(term.encode("ascii"))
-    return count / table.total if count and table.total else None
+    rate = None
+    if table is not None and term.isascii():
+        _, count = table.lookup(term.encode("ascii"))
+        rate = count / table.total if count and table.total else None
+    # Kept, up to a bound: a long paste of words a KB does not hold would look each one up on every call.
+    if len(_english_rates) < 100_000:
+        _english_rates[term] = rate
+    return rate
 
 
 # -- the segmenter ------------------------------------------------------------------------------------------------

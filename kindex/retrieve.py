@@ -510,9 +510,10 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
 
     ``english``: the rate in general English of a word of an English question (:func:`english_rate`). Such a word
     is weighed as a Chinese word is in a Chinese question: by how much more the KB uses it than the language does
-    (``joke`` or ``thanks``, which a page happens to write, say nothing of what the KB is about), and one the KB never
-    uses is phrasing, not another product's name (``realtime``, ``boots``). In a Chinese question a Latin-script
-    word is a name, whatever English makes of it (Excel, Word, Python). Kept beside the term's plain row.
+    (``joke`` or ``thanks``, which a page happens to write, say nothing of what the KB is about); one the KB never
+    uses is more likely phrasing than another product's name (``realtime``, ``boots``: :func:`_english_row`). In a
+    Chinese question a Latin-script word is a name, whatever English makes of it (Excel, Word, Python). Kept beside
+    the term's plain row.
 
     Two threads may both compute a new term's row; they compute the same one and either may be kept.
     """
@@ -526,12 +527,12 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
     hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
     if not hits:
         idf = math.log(1 + (n + 0.5) / 0.5)
-        weight = UNSEEN_ENGLISH_WEIGHT * idf if english is not None else informative(term, idf, 0, 0.0)
+        weight = informative(term, idf, 0, 0.0)
         row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
-            loaded.rows[key] = row
+            loaded.rows[term] = row
         return row
     # Dense rows over all documents: a handful of vectorised passes, whatever the fields the term is in.
     body_w = np.zeros(n, dtype=np.float32)
@@ -633,16 +634,22 @@ def _score(
 
 def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
     """The row of a word of an English question: weighed against general English where English has the word (see
-    ``english`` in :func:`_row`), else ``plain`` (a name). Kept, so the table is looked up once per word."""
+    ``english`` in :func:`_row`), else ``plain`` (a name). One the KB never uses weighs ``UNSEEN_ENGLISH_WEIGHT`` of
+    its rarity. Kept beside the plain row, as the KB's words and so many others are."""
     row = loaded.rows.get(_ENGLISH + term)
-    if row is None:
-        rate = english_rate(term)
-        if rate is not None:
-            return _row(loaded, term, english=rate)
+    if row is not None:
+        return row
+    rate = english_rate(term)
+    if rate is not None and len(plain.docs):
+        return _row(loaded, term, english=rate)
+    if rate is not None:  # its plain row already found no posting: no need to look again
+        idf = math.log(1 + (loaded.n + 0.5) / 0.5)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, UNSEEN_ENGLISH_WEIGHT * idf, 1.0, _NO_VALUES, plain.subject)
+    else:
         row = plain
-        if len(plain.docs) or (loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM):
-            loaded.absent += not len(plain.docs)
-            loaded.rows[_ENGLISH + term] = row
+    if len(row.docs) or (loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM):
+        loaded.absent += not len(row.docs)
+        loaded.rows[_ENGLISH + term] = row
     return row
 
 

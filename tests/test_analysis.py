@@ -117,6 +117,7 @@ def test_without_a_usable_english_table_no_word_has_a_rate(
 ) -> None:
     monkeypatch.setattr(analysis, "_EN_FILE", _table_at(tmp_path, table))
     monkeypatch.setattr(analysis, "_english", [])
+    monkeypatch.setattr(analysis, "_english_rates", {})
     assert analysis.english_rate("thank") is None
 
 
