@@ -495,6 +495,11 @@ def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float
     return (tf / (K1 + tf)).astype(np.float32)
 
 
+def _absent_idf(n: int) -> float:
+    """The BM25 rarity of a term none of ``n`` documents holds."""
+    return math.log(1 + (n + 0.5) / 0.5)
+
+
 def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None = None) -> _Row:
     """The row of ``term`` (see :class:`_Row`), computed on its first use and kept: a KB's questions come back to
     the same few hundred words, and combining a term's postings field by field was most of a call's cost.
@@ -526,7 +531,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
     h = term_hash(term)
     hits = [(name, hit) for name in FIELDS if (hit := fields[name].postings(h)) is not None]
     if not hits:
-        idf = math.log(1 + (n + 0.5) / 0.5)
+        idf = _absent_idf(n)
         weight = informative(term, idf, 0, 0.0)
         row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, weight, 1.0, _NO_VALUES, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
@@ -643,8 +648,8 @@ def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
     if rate is not None and len(plain.docs):
         return _row(loaded, term, english=rate)
     if rate is not None:  # its plain row already found no posting: no need to look again
-        idf = math.log(1 + (loaded.n + 0.5) / 0.5)
-        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, UNSEEN_ENGLISH_WEIGHT * idf, 1.0, _NO_VALUES, plain.subject)
+        weight = UNSEEN_ENGLISH_WEIGHT * _absent_idf(loaded.n)
+        row = _Row(_NO_DOCS, _NO_VALUES, _NO_VALUES, weight, 1.0, _NO_VALUES, plain.subject)
     else:
         row = plain
     if len(row.docs) or (loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM):

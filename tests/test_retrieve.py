@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import kindex
 import kindex.analysis
 import kindex.fitting
+import kindex.globs
 import kindex.kb
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
@@ -533,6 +534,13 @@ def test_an_english_question_weighs_its_words_against_general_english(tmp_path: 
     # rarity (UNSEEN_ENGLISH_WEIGHT), not nothing, so fix alone does not make it a question about the KB.
     assert kindex.build_context(kb, "how do I fix a leaking dishwasher?").fallback
     assert kindex.build_context(kb, "how do I add django admin to a websocket route").fallback
+
+
+def test_a_path_has_one_name_whatever_its_empty_or_dot_folders() -> None:
+    # billing//x.md and billing/x.md were two fallback documents, the same file served twice.
+    normalize = kindex.globs.normalize_path
+    assert normalize("./billing//x.md") == normalize("billing/./x.md") == normalize("billing/x.md") == "billing/x.md"
+    assert normalize("C:\\web\\.\\a.tsx") == "web/a.tsx" and normalize("a.md") == "a.md"
 
 
 def test_a_title_the_segmenter_cuts_apart_is_found_whole(tmp_path: Path) -> None:

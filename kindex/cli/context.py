@@ -125,12 +125,11 @@ def context(
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
         click.echo(ctx.text)
-    if settings.sources["fallback_docs"] != "default":  # the defaults are names a KB may well not have
+    source = settings.sources["fallback_docs"]
+    if source != "default":  # the defaults are names a KB may well not have
+        where = "--fallback" if source == "flag" else source
         for name in settings["fallback_docs"]:
             if not servable(retriever.root, normalize_path(name)):
-                where = (
-                    "--fallback" if settings.sources["fallback_docs"] == "flag" else settings.sources["fallback_docs"]
-                )
                 click.echo(f"kindex: fallback document {name!r} ({where}) is not a .md file in {kb}", err=True)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
