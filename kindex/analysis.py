@@ -45,7 +45,7 @@ from typing import Any
 
 import Stemmer
 
-ANALYZER_VERSION = 5
+ANALYZER_VERSION = 6
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -55,7 +55,10 @@ _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebe
 _TOKEN = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>[^\W{_HAN}]+(?:[-.'’][^\W{_HAN}_]+)*)")
 _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 """English endings cut off a word ("FastAPI's" is about FastAPI); a whole contraction may be a stop word."""
-_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[^\W\d_A-Za-z]+")
+# The parts of an identifier, matched over its characters' classes (U upper, L lower, D digit, O a letter without
+# case, S anything else), so that letters of every script split alike: ``Zürich`` and ``café`` are one part each,
+# ``getHTTPResponse`` three. One class a character and a regex without nested quantifiers: linear.
+_PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
 MAX_WORD = 64
@@ -304,6 +307,22 @@ def _stem(word: str) -> str:
     return stem
 
 
+def _char_class(c: str) -> str:
+    if c.isupper():
+        return "U"
+    if c.islower():
+        return "L"
+    if c.isdigit():
+        return "D"
+    return "O" if c.isalpha() else "S"
+
+
+def _parts(word: str) -> list[str]:
+    """The parts of an identifier: camel-case humps, runs of digits, letters between separators."""
+    classes = "".join(map(_char_class, word))
+    return [word[m.start() : m.end()] for m in _PART.finditer(classes)]
+
+
 def _word_terms(word: str) -> Iterator[str]:
     """A Latin word, stemmed; an identifier whole (unstemmed) and each of its parts stemmed."""
     word = word.replace("\u2019", "'")
@@ -316,7 +335,7 @@ def _word_terms(word: str) -> Iterator[str]:
             word, folded = word[: -len(ending)], folded[: -len(ending)]
             if not folded or folded in _EN_STOP:
                 return
-    parts = [p.casefold() for p in _PART.findall(word)]
+    parts = [p.casefold() for p in _parts(word)]
     if len(parts) <= 1:
         yield _stem(folded)
         return
@@ -427,7 +446,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
         if word and len(word) <= MAX_WORD and _is_identifier(word):
             terms = list(_word_terms(word))
             # One part, stemmed, is no whole term (``__init__``); nor is a number left by a contraction (``1'd``).
-            if terms and len(_PART.findall(word)) > 1 and not terms[0].isdigit():
+            if terms and len(_parts(word)) > 1 and not terms[0].isdigit():
                 out[terms[0]] = tuple(terms[1:])
     return out
 
@@ -440,7 +459,7 @@ def _is_identifier(word: str) -> bool:
     lower = len(word) - len(word.lstrip("abcdefghijklmnopqrstuvwxyz"))
     if lower >= 2 and word[lower : lower + 1].isupper():
         return True
-    return word[:1].isupper() and len(_PART.findall(word)) >= 3
+    return word[:1].isupper() and len(_parts(word)) >= 3
 
 
 def term_counts(text: str, vocab: frozenset[str] = frozenset()) -> Counter[str]:

@@ -141,6 +141,21 @@ def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None
     assert len(analysis.value_terms(",".join(f"a{i}" for i in range(200_000)))) == 200_000
 
 
+def test_letters_of_every_script_split_alike() -> None:
+    # Accented letters used to be cut off as parts of their own: Zürich gave zürich and rich, résumé gave sum,
+    # so a question about Zürich matched pages about rich clients.
+    assert analysis.analyze("Zürich café résumé naïve") == ["zürich", "café", "résumé", "naïve"]
+    assert analysis.analyze("CaféBar getHTTPResponse") == [
+        "cafébar",
+        "café",
+        "bar",
+        "gethttpresponse",
+        "http",
+        "respons",
+    ]
+    assert analysis.identifier_terms("ÉtatCivilRecord") == {"étatcivilrecord": ("état", "civil", "record")}
+
+
 def test_identifiers_are_snake_case_header_names_camel_case_or_letters_with_digits() -> None:
     assert analysis.identifier_terms("next_cursor 怎么用") == {"next_cursor": ("next", "cursor")}
     assert analysis.identifier_terms("X-Nonce 和 x-request-id") == {
