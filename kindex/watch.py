@@ -10,6 +10,7 @@ only what its new settings change is paid). kindex's own writes (``index.json``,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import watchfiles
 
 from kindex.config import CONFIG_FILE
-from kindex.errors import InterruptedRun, KindexError
+from kindex.errors import BusyError, InterruptedRun, KindexError, ModelError, StorageError
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
@@ -28,6 +29,13 @@ DEFAULT_DEBOUNCE_MS = 1600
 """Changes arriving within this time of each other are handled as one batch (an editor's save-rename-delete)."""
 WRITER_WAIT_SECONDS = 300.0
 """How long an update waits for another writer (a reindex over HTTP, a CLI run) before it reports busy."""
+RETRY_FIRST_S = 30.0
+RETRY_MAX_S = 600.0
+"""A batch that failed for a reason that passes (the model unreachable or overloaded, another writer busy, a full
+disk) is tried again after ``RETRY_FIRST_S``, then after twice as long each time up to ``RETRY_MAX_S``, until it
+succeeds or a new change joins it. One that failed on the documents (a broken ``kindex.toml``) waits for a change:
+trying it again would fail again. Answers already paid for are cached, so a retry pays only for what failed."""
+_clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +49,10 @@ class Update:
     """The steps run, e.g. ``doc billing/退款政策.md``, ``sub billing``, ``root``, ``reindex``."""
     reports: tuple[RunReport, ...] = ()
     error: str | None = None
-    """Set when a step failed (the next change tries again); the index files stay as they were or complete."""
+    """Set when a step failed; the index files stay as they were or complete."""
+    retry_in: float | None = None
+    """After a failure that passes (see ``RETRY_FIRST_S``): seconds until the batch is tried again unasked.
+    ``None``: the next change tries again."""
 
     @property
     def calls(self) -> int:
@@ -128,6 +139,7 @@ class Watcher:
         debounce_ms: int = DEFAULT_DEBOUNCE_MS,
         on_ready: Callable[[], None] | None = None,
         stop_event: threading.Event | None = None,
+        retry_s: float = RETRY_FIRST_S,
     ) -> None:
         self.kb = kb
         self.on_update = on_update
@@ -136,6 +148,11 @@ class Watcher:
         self.stopped = stop_event or threading.Event()
         self.ready = threading.Event()
         """Set once the folder is watched: every change after it is seen."""
+        self.retry_s = retry_s
+        self._pending: tuple[set[str], set[str]] | None = None
+        """(changed, removed) of the batch that failed for a reason that passes, until it is done."""
+        self._retry_at = 0.0
+        self._delay = retry_s
 
     def stop(self) -> None:
         self.stopped.set()
@@ -167,6 +184,8 @@ class Watcher:
                 if self.on_ready is not None:
                     self.on_ready()
             if not changes:
+                if self._pending is not None and _clock() >= self._retry_at:
+                    themes = self._apply(themes, *map(sorted, self._pending))
                 continue
             if not root.is_dir():
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
@@ -194,14 +213,19 @@ class Watcher:
                 else:
                     changed.add(rel)
                     removed.discard(rel)
+            if self._pending is not None:  # a failed batch joins this one; what just happened to a path wins
+                pending_changed, pending_removed = self._pending
+                changed, removed = changed | (pending_changed - removed), removed | (pending_removed - changed)
             if changed or removed:
                 themes = self._apply(themes, sorted(changed), sorted(removed))
 
     def _apply(self, themes: set[str], changed: list[str], removed: list[str]) -> set[str]:
+        batch = (set(changed), set(removed))
         try:
             s = scan(self.kb.path)
         except KindexError as exc:
-            self.on_update(Update(tuple(changed), tuple(removed), (), (), exc.message))
+            retry = self._failed(batch, exc)
+            self.on_update(Update(tuple(changed), tuple(removed), (), (), exc.message, retry))
             return themes
         after = set(s.themes)
         # A changed file the scan did not take (not UTF-8, empty, too large, a symlink out…) is gone from the index.
@@ -231,10 +255,22 @@ class Watcher:
             raise
         except KindexError as exc:
             error = "; ".join([*notes, exc.message])
-            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), error))
+            retry = self._failed(batch, exc)
+            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), error, retry))
             return after
+        self._pending, self._delay = None, self.retry_s
         self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), "; ".join(notes) or None))
         return after
+
+    def _failed(self, batch: tuple[set[str], set[str]], exc: KindexError) -> float | None:
+        """Keeps ``batch`` to try again if ``exc`` may pass (see ``RETRY_FIRST_S``): the seconds until then."""
+        if not isinstance(exc, (ModelError, BusyError, StorageError)):
+            self._pending, self._delay = None, self.retry_s
+            return None
+        delay = self._delay
+        self._pending, self._retry_at = batch, _clock() + delay
+        self._delay = min(2 * delay, max(RETRY_MAX_S, self.retry_s))
+        return delay
 
     def _options(self) -> Options:
         # Waits for another writer rather than failing, and a stop cancels a step in flight before its next write.

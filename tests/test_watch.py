@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -16,18 +17,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 import kindex
+from kindex.errors import BusyError, InvalidFileError
 from kindex.server import create_app
-from kindex.watch import Update, Watcher
+from kindex.watch import RETRY_MAX_S, Update, Watcher
 from tests.conftest import REPO
-from tests.fakeclient import FakeClient
+from tests.fakeclient import Call, FakeClient, call_error
 
 
 class Running:
-    def __init__(self, kb: Path, client: FakeClient) -> None:
+    def __init__(self, kb: Path, client: FakeClient, retry_s: float = 30.0) -> None:
         self.handle = kindex.KnowledgeBase(kb, client=client)
         self.updates: queue.Queue[Update] = queue.Queue()
         ready = threading.Event()
-        self.watcher = Watcher(self.handle, self.updates.put, debounce_ms=150, on_ready=ready.set)
+        self.watcher = Watcher(self.handle, self.updates.put, debounce_ms=150, on_ready=ready.set, retry_s=retry_s)
         self.thread = threading.Thread(target=self.watcher.run)
         self.thread.start()
         assert ready.wait(30)
@@ -220,3 +222,61 @@ def test_a_failed_update_is_printed_as_failed_not_as_nothing_to_do(capsys: pytes
     out, err = capsys.readouterr()
     assert out == "billing/退款政策.md -> failed: 0 model calls\n"
     assert "kindex: no connection after 5 attempts: cannot connect (the next change tries again)" in err
+    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), False)
+    assert "kindex: cannot connect (trying again in 30 s)" in capsys.readouterr().err
+    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), True)
+    assert orjson.loads(capsys.readouterr().out)["retry_in"] == 30.0
+
+
+@contextlib.contextmanager
+def _edit_failing_once(kb: Path, retry_s: float) -> Iterator[tuple[Running, list[int], Update]]:
+    """A watcher whose model is unreachable on the first call for 退款政策.md, then answers with a new title; the
+    document edited, and the failed update."""
+    kindex.KnowledgeBase(kb, client=FakeClient()).reindex()
+    seen = [0]
+
+    def flaky(call: Call) -> str | BaseException:
+        seen[0] += 1
+        if seen[0] == 1:
+            return call_error("cannot connect", unreachable=True)
+        return orjson.dumps({"title": "新版退款政策", "summary": "七天内无理由退款。", "tags": ["退款"]}).decode()
+
+    running = Running(kb, FakeClient(by_path={"退款政策.md": flaky}), retry_s=retry_s)
+    try:
+        doc = kb / "billing" / "退款政策.md"
+        doc.write_text("# 退款政策（新版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+        failed = running.next()
+        assert failed.error and "cannot connect" in failed.error and failed.retry_in == retry_s
+        assert entries(kb, "billing")["退款政策.md"] == "标题 退款政策.md"  # as it was
+        yield running, seen, failed
+    finally:
+        running.watcher.stop()
+        running.thread.join(30)
+
+
+def test_a_batch_that_failed_on_the_model_is_tried_again_unasked(sample_kb: Path) -> None:
+    # It used to wait for the next change of the same file: an index left stale for as long as nobody edited it.
+    with _edit_failing_once(sample_kb, retry_s=0.2) as (running, seen, _):
+        retried = running.next()  # no change made: the watcher tried again by itself
+        assert retried.changed == ("billing/退款政策.md",) and retried.steps == ("doc billing/退款政策.md",)
+        assert retried.error is None and retried.retry_in is None and seen == [2]
+        assert entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策"
+        assert kindex.validate(sample_kb) == []
+
+
+def test_a_failed_batch_joins_the_next_change(sample_kb: Path) -> None:
+    with _edit_failing_once(sample_kb, retry_s=3600) as (running, seen, _):
+        other = sample_kb / "sync" / "离线模式.md"
+        other.write_text("# 离线模式（改）\n\n" + other.read_text(encoding="utf-8"), encoding="utf-8")
+        joined = running.next()
+        assert joined.changed == ("billing/退款政策.md", "sync/离线模式.md") and joined.error is None
+        assert entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策" and seen == [2]
+
+
+def test_retries_back_off_and_a_failure_on_the_documents_waits_for_a_change(sample_kb: Path) -> None:
+    watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), lambda u: None, retry_s=100)
+    batch: tuple[set[str], set[str]] = ({"billing/退款政策.md"}, set())
+    delays = [watcher._failed(batch, BusyError("busy")) for _ in range(5)]
+    assert delays == [100, 200, 400, RETRY_MAX_S, RETRY_MAX_S]
+    assert watcher._failed(batch, InvalidFileError("kindex.toml: bad")) is None  # fails again until edited
+    assert watcher._pending is None and watcher._failed(batch, BusyError("busy")) == 100

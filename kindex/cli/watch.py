@@ -33,7 +33,9 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     steps: an edited or added document is one model call (its entry and its theme index, nothing else), a
     deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
     kindex.toml runs the whole pipeline. A batch ends after --debounce milliseconds without a change, so a burst
-    of saves is one update. One line per update on stdout (--json: one JSON object per line).
+    of saves is one update. One line per update on stdout (--json: one JSON object per line). A batch that fails
+    because the model is unreachable or overloaded is tried again after 30 s, then after twice as long each time
+    (at most 10 minutes), paying only for what failed; one that fails on the documents waits for the next change.
 
     \b
     Example:
@@ -69,6 +71,7 @@ def _emit(update: Update, as_json: bool) -> None:
             "calls": update.calls,
             "written": update.written,
             "error": update.error,
+            "retry_in": update.retry_in,
         }
         click.echo(orjson.dumps(line).decode())
     else:
@@ -79,5 +82,8 @@ def _emit(update: Update, as_json: bool) -> None:
         wrote = f", wrote {', '.join(update.written)}" if update.written else ""
         click.echo(f"{what} -> {done}{wrote}")
         if update.error:
-            click.echo(f"kindex: {update.error} (the next change tries again)", err=True)
+            again = (
+                "the next change tries again" if update.retry_in is None else f"trying again in {update.retry_in:g} s"
+            )
+            click.echo(f"kindex: {update.error} ({again})", err=True)
     sys.stdout.flush()

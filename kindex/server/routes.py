@@ -169,6 +169,7 @@ def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:
             calls=last.calls,
             written=list(last.written),
             error=last.error,
+            retry_in=last.retry_in,
         ),
     )
 

@@ -111,6 +111,11 @@ class WatchUpdateModel(BaseModel):
     calls: int
     written: list[str]
     error: str | None
+    retry_in: float | None = Field(
+        default=None,
+        description="After a failure that may pass (the model unreachable, another writer busy): seconds until the "
+        "batch is tried again unasked. `null`: the next change tries again.",
+    )
 
 
 class WatchModel(BaseModel):
