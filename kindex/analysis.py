@@ -123,6 +123,9 @@ _EN_FILE = Path(__file__).with_name("en_words.bin")  # written by tools/build_en
 _EN_MAGIC = b"KXEW1\0\0\0"
 _english: list[_Dictionary | None] = []  # loaded on first use; [None] when the table is missing or damaged
 _english_rates: dict[str, float | None] = {}
+MAX_KEPT_RATES = 100_000
+"""English rates kept once looked up: a long paste of words a KB does not hold would look each one up on every
+call, and a flood of made-up words must not grow the memo without bound."""
 
 
 def english_rate(term: str) -> float | None:
@@ -138,8 +141,7 @@ def english_rate(term: str) -> float | None:
     if table is not None and term.isascii():
         _, count = table.lookup(term.encode("ascii"))
         rate = count / table.total if count and table.total else None
-    # Kept, up to a bound: a long paste of words a KB does not hold would look each one up on every call.
-    if len(_english_rates) < 100_000:
+    if len(_english_rates) < MAX_KEPT_RATES:
         _english_rates[term] = rate
     return rate
 

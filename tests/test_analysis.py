@@ -111,6 +111,15 @@ def test_english_rates_are_by_stem_and_names_have_none() -> None:
     assert rate("fastapi") is None and rate("websocket") is None and rate("退款") is None and rate("the") is None
 
 
+def test_english_rates_are_kept_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(analysis, "_english_rates", {})
+    monkeypatch.setattr(analysis, "MAX_KEPT_RATES", 3)
+    words = ["thank", "joke", "weather", "zqxv", "qqzzx"]
+    first = [analysis.english_rate(w) for w in words]
+    assert list(analysis._english_rates) == words[:3]  # the rest looked up, not kept
+    assert [analysis.english_rate(w) for w in words] == first and first[3] is None and first[0]
+
+
 @pytest.mark.parametrize("table", [None, b"not a table", analysis._EN_MAGIC + b"\x01"], ids=["missing", "junk", "cut"])
 def test_without_a_usable_english_table_no_word_has_a_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bytes | None

@@ -536,6 +536,21 @@ def test_an_english_question_weighs_its_words_against_general_english(tmp_path: 
     assert kindex.build_context(kb, "how do I add django admin to a websocket route").fallback
 
 
+def test_rows_of_english_words_the_kb_lacks_are_kept_up_to_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each word of an English question that the KB never uses gets a row of its own (weighed against English); a
+    # stream of such questions must not grow a long-running process's rows without bound.
+    kb = make_kb(tmp_path, {"t/a.md": (_doc("a.md", "Routing", "How routes work"), "# Routing\n\nRoutes.")})
+    questions = [f"{w} routes" for w in ("banana", "orchestra", "volcano", "penguin", "lantern", "harbor", "meadow")]
+    unbounded = [kindex.Retriever(kb).context(q) for q in questions]
+    monkeypatch.setattr(kindex.retrieve, "MAX_ABSENT_ROWS", 4)
+    retriever = kindex.Retriever(kb)
+    assert [retriever.context(q) for q in questions] == unbounded  # past the bound still weighed, only not kept
+    loaded = retriever.loaded()
+    assert loaded.absent == 4 and sum(not len(r.docs) for r in loaded.rows.values()) == 4
+
+
 def test_an_english_kb_using_every_word_of_a_question_does_not_make_it_on_topic(tmp_path: Path) -> None:
     # An English manual writes most everyday English words somewhere (``name`` in every config example), so an
     # English question whose words it all uses is not on topic for that alone: the subject rule applies.
