@@ -55,9 +55,11 @@ _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebe
 _TOKEN = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>[^\W{_HAN}]+(?:[-.'’][^\W{_HAN}_]+)*)")
 _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 """English endings cut off a word ("FastAPI's" is about FastAPI); a whole contraction may be a stop word."""
-# The parts of an identifier, matched over its characters' classes (U upper, L lower, D digit, O a letter without
-# case, S anything else), so that letters of every script split alike: ``Zürich`` and ``café`` are one part each,
-# ``getHTTPResponse`` three. One class a character and a regex without nested quantifiers: linear.
+# The parts of an identifier: camel-case humps, runs of digits. An ASCII word (nearly all) is split directly; any
+# other is split over its characters' classes (U upper, L lower, D digit, O a letter without case, S anything
+# else) by the same rules, so that letters of every script split alike: ``Zürich`` and ``café`` are one part each.
+# Regexes without nested quantifiers: linear.
+_ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
@@ -321,6 +323,8 @@ def _char_class(c: str) -> str:
 
 def _parts(word: str) -> list[str]:
     """The parts of an identifier: camel-case humps, runs of digits, letters between separators."""
+    if word.isascii():
+        return _ASCII_PART.findall(word)
     classes = "".join(map(_char_class, word))
     return [word[m.start() : m.end()] for m in _PART.finditer(classes)]
 
