@@ -31,10 +31,13 @@ WRITER_WAIT_SECONDS = 300.0
 """How long an update waits for another writer (a reindex over HTTP, a CLI run) before it reports busy."""
 RETRY_FIRST_S = 30.0
 RETRY_MAX_S = 600.0
-"""A batch that failed for a reason that passes (the model unreachable or overloaded, another writer busy, a full
-disk) is tried again after ``RETRY_FIRST_S``, then after twice as long each time up to ``RETRY_MAX_S``, until it
-succeeds or a new change joins it. One that failed on the documents (a broken ``kindex.toml``) waits for a change:
-trying it again would fail again. Answers already paid for are cached, so a retry pays only for what failed."""
+RETRY_LIMIT = 8
+"""A batch that failed for a reason that may pass (the model unreachable, overloaded or answering badly, so that
+documents got stand-in entries; another writer busy; a full disk) is tried again after ``RETRY_FIRST_S``, then
+after twice as long each time up to ``RETRY_MAX_S``, at most ``RETRY_LIMIT`` times (about 45 minutes), unless a new
+change joins it first. One that failed on the documents (a broken ``kindex.toml``) waits for a change: trying it
+again would fail again. Answers already paid for are cached, so a retry pays only for what failed."""
+_MAY_PASS = (ModelError, BusyError, StorageError)
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 
 
@@ -51,8 +54,10 @@ class Update:
     error: str | None = None
     """Set when a step failed; the index files stay as they were or complete."""
     retry_in: float | None = None
-    """After a failure that passes (see ``RETRY_FIRST_S``): seconds until the batch is tried again unasked.
+    """After a failure that may pass (see ``RETRY_FIRST_S``): seconds until the batch is tried again unasked.
     ``None``: the next change tries again."""
+    retry_at: float | None = None
+    """When that is (seconds since the epoch)."""
 
     @property
     def calls(self) -> int:
@@ -128,6 +133,33 @@ def plan(themes_before: set[str], themes_after: set[str], changed: Iterable[str]
     return out
 
 
+def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str]]) -> tuple[set[str], set[str]]:
+    """The documents (and ``kindex.toml``) added or modified, and removed, in a batch of ``watchfiles`` events."""
+    changed: set[str] = set()
+    removed: set[str] = set()
+    for change, path in changes:
+        full = Path(path)
+        if change == watchfiles.Change.added and full.is_dir():
+            # Files written into a new folder before its watch was set up are reported by nobody: the folder's
+            # documents are taken as added.
+            changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
+            continue
+        rel = relevant(root, path)
+        if rel is None and change == watchfiles.Change.deleted:
+            # A folder moved away (or renamed to a hidden name) is one event for the folder, none for its files:
+            # its theme is rewritten (from cached answers), or the root re-asked if it was one.
+            rel = _vanished_folder(root, full)
+        if rel is None:
+            continue
+        if change == watchfiles.Change.deleted:
+            removed.add(rel)
+            changed.discard(rel)
+        else:
+            changed.add(rel)
+            removed.discard(rel)
+    return changed, removed
+
+
 class Watcher:
     """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`."""
 
@@ -150,9 +182,10 @@ class Watcher:
         """Set once the folder is watched: every change after it is seen."""
         self.retry_s = retry_s
         self._pending: tuple[set[str], set[str]] | None = None
-        """(changed, removed) of the batch that failed for a reason that passes, until it is done."""
+        """(changed, removed) of the batch that failed for a reason that may pass, until it is done."""
         self._retry_at = 0.0
-        self._delay = retry_s
+        self._tries = 0
+        """Retries of the pending batch so far."""
 
     def stop(self) -> None:
         self.stopped.set()
@@ -183,49 +216,33 @@ class Watcher:
                 self.ready.set()
                 if self.on_ready is not None:
                     self.on_ready()
-            if not changes:
-                if self._pending is not None and _clock() >= self._retry_at:
-                    themes = self._apply(themes, *map(sorted, self._pending))
-                continue
-            if not root.is_dir():
+            if changes and not root.is_dir():
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
                 return
-            changed: set[str] = set()
-            removed: set[str] = set()
-            for change, path in changes:
-                full = Path(path)
-                if change == watchfiles.Change.added and full.is_dir():
-                    # Files written into a new folder before its watch was set up are reported by nobody: the
-                    # folder's documents are taken as added.
-                    changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
-                    continue
-                rel = relevant(root, path)
-                if rel is None and change == watchfiles.Change.deleted:
-                    # A folder moved away (or renamed to a hidden name) is one event for the folder, none for its
-                    # files: its theme is rewritten (from cached answers), or the root re-asked if it was one.
-                    rel = _vanished_folder(root, full)
-                if rel is None:
-                    continue
-                if change == watchfiles.Change.deleted:
-                    removed.add(rel)
-                    changed.discard(rel)
-                else:
-                    changed.add(rel)
-                    removed.discard(rel)
+            themes = self._handle(themes, changes)
+
+    def _handle(self, themes: set[str], changes: set[tuple[watchfiles.Change, str]]) -> set[str]:
+        """One batch of events (none: a quiet interval), and the pending batch if it is due: the themes after."""
+        changed, removed = _relevant_changes(self.kb.path, changes)
+        if changed or removed:
             if self._pending is not None:  # a failed batch joins this one; what just happened to a path wins
                 pending_changed, pending_removed = self._pending
                 changed, removed = changed | (pending_changed - removed), removed | (pending_removed - changed)
-            if changed or removed:
-                themes = self._apply(themes, sorted(changed), sorted(removed))
+                self._pending, self._tries = None, 0
+            return self._apply(themes, sorted(changed), sorted(removed))
+        if self._pending is not None and _clock() >= self._retry_at:
+            # Only when due: kindex's own writes and other files are events too, and must not bring it forward.
+            self._tries += 1
+            return self._apply(themes, *map(sorted, self._pending))
+        return themes
 
     def _apply(self, themes: set[str], changed: list[str], removed: list[str]) -> set[str]:
         batch = (set(changed), set(removed))
         try:
             s = scan(self.kb.path)
         except KindexError as exc:
-            retry = self._failed(batch, exc)
-            self.on_update(Update(tuple(changed), tuple(removed), (), (), exc.message, retry))
+            self._report(batch, (), [], [exc.message], isinstance(exc, _MAY_PASS))
             return themes
         after = set(s.themes)
         # A changed file the scan did not take (not UTF-8, empty, too large, a symlink out…) is gone from the index.
@@ -254,23 +271,41 @@ class Watcher:
         except InterruptedRun:
             raise
         except KindexError as exc:
-            error = "; ".join([*notes, exc.message])
-            retry = self._failed(batch, exc)
-            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), error, retry))
-            return after
-        self._pending, self._delay = None, self.retry_s
+            # The themes as they were, not ``after``: if this batch added or removed a theme and the root step did
+            # not run, the retry (or the next change) must plan it again.
+            self._report(batch, tuple(done), reports, [*notes, exc.message], isinstance(exc, _MAY_PASS))
+            return themes
+        stand_ins = [f"{f.path}: {f.reason}" for r in reports for f in r.failures]
+        if stand_ins:  # the model failed on some documents after its own retries: an outage or overload, not ours
+            shown = "; ".join(stand_ins[:3]) + ("; …" if len(stand_ins) > 3 else "")
+            problem = f"stand-in entries for {len(stand_ins)} documents (the model's answers failed): {shown}"
+            self._report(batch, tuple(done), reports, [*notes, problem], True)
+            return themes
+        self._pending, self._tries = None, 0
         self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), "; ".join(notes) or None))
         return after
 
-    def _failed(self, batch: tuple[set[str], set[str]], exc: KindexError) -> float | None:
-        """Keeps ``batch`` to try again if ``exc`` may pass (see ``RETRY_FIRST_S``): the seconds until then."""
-        if not isinstance(exc, (ModelError, BusyError, StorageError)):
-            self._pending, self._delay = None, self.retry_s
-            return None
-        delay = self._delay
+    def _report(
+        self,
+        batch: tuple[set[str], set[str]],
+        done: tuple[str, ...],
+        reports: list[RunReport],
+        problems: list[str],
+        may_pass: bool,
+    ) -> None:
+        """Reports a failed batch, kept to be tried again if its failure may pass and it has not been tried
+        ``RETRY_LIMIT`` times (see ``RETRY_FIRST_S``)."""
+        changed, removed = tuple(sorted(batch[0])), tuple(sorted(batch[1]))
+        if not may_pass or self._tries >= RETRY_LIMIT:
+            self._pending, self._tries = None, 0
+            if may_pass:
+                problems = [*problems, f"gave up after {RETRY_LIMIT} tries"]
+            self.on_update(Update(changed, removed, done, tuple(reports), "; ".join(problems)))
+            return
+        delay = min(self.retry_s * 2**self._tries, max(RETRY_MAX_S, self.retry_s))
         self._pending, self._retry_at = batch, _clock() + delay
-        self._delay = min(2 * delay, max(RETRY_MAX_S, self.retry_s))
-        return delay
+        update = Update(changed, removed, done, tuple(reports), "; ".join(problems), delay, time.time() + delay)
+        self.on_update(update)
 
     def _options(self) -> Options:
         # Waits for another writer rather than failing, and a stop cancels a step in flight before its next write.

@@ -9,19 +9,21 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+import watchfiles
 from fastapi.testclient import TestClient
 
 import kindex
-from kindex.errors import BusyError, InvalidFileError
+import kindex.watch
+from kindex.scan import scan
 from kindex.server import create_app
-from kindex.watch import RETRY_MAX_S, Update, Watcher
+from kindex.watch import RETRY_LIMIT, Update, Watcher
 from tests.conftest import REPO
-from tests.fakeclient import Call, FakeClient, call_error
+from tests.fakeclient import Call, FakeClient, call_error, well_behaved
 
 
 class Running:
@@ -228,26 +230,34 @@ def test_a_failed_update_is_printed_as_failed_not_as_nothing_to_do(capsys: pytes
     assert orjson.loads(capsys.readouterr().out)["retry_in"] == 30.0
 
 
-@contextlib.contextmanager
-def _edit_failing_once(kb: Path, retry_s: float) -> Iterator[tuple[Running, list[int], Update]]:
-    """A watcher whose model is unreachable on the first call for 退款政策.md, then answers with a new title; the
-    document edited, and the failed update."""
-    kindex.KnowledgeBase(kb, client=FakeClient()).reindex()
+def _failing_once(error: BaseException, answer: str) -> tuple[list[int], Callable[[Call], str | BaseException]]:
+    """A script that raises ``error`` on its first call and answers ``answer`` after; the calls counted."""
     seen = [0]
 
-    def flaky(call: Call) -> str | BaseException:
+    def script(call: Call) -> str | BaseException:
         seen[0] += 1
-        if seen[0] == 1:
-            return call_error("cannot connect", unreachable=True)
-        return orjson.dumps({"title": "新版退款政策", "summary": "七天内无理由退款。", "tags": ["退款"]}).decode()
+        return error if seen[0] == 1 else answer
 
+    return seen, script
+
+
+NEW_ENTRY = orjson.dumps({"title": "新版退款政策", "summary": "七天内无理由退款。", "tags": ["退款"]}).decode()
+
+
+@contextlib.contextmanager
+def _edit_failing_once(
+    kb: Path, retry_s: float, error: BaseException | None = None
+) -> Iterator[tuple[Running, list[int], Update]]:
+    """A watcher whose model fails on the first call for 退款政策.md (unreachable, or ``error``), then answers with
+    a new title; the document edited, and the failed update."""
+    kindex.KnowledgeBase(kb, client=FakeClient()).reindex()
+    seen, flaky = _failing_once(error or call_error("cannot connect", unreachable=True), NEW_ENTRY)
     running = Running(kb, FakeClient(by_path={"退款政策.md": flaky}), retry_s=retry_s)
     try:
         doc = kb / "billing" / "退款政策.md"
         doc.write_text("# 退款政策（新版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
         failed = running.next()
-        assert failed.error and "cannot connect" in failed.error and failed.retry_in == retry_s
-        assert entries(kb, "billing")["退款政策.md"] == "标题 退款政策.md"  # as it was
+        assert failed.error and failed.retry_in == retry_s and failed.retry_at
         yield running, seen, failed
     finally:
         running.watcher.stop()
@@ -256,7 +266,9 @@ def _edit_failing_once(kb: Path, retry_s: float) -> Iterator[tuple[Running, list
 
 def test_a_batch_that_failed_on_the_model_is_tried_again_unasked(sample_kb: Path) -> None:
     # It used to wait for the next change of the same file: an index left stale for as long as nobody edited it.
-    with _edit_failing_once(sample_kb, retry_s=0.2) as (running, seen, _):
+    with _edit_failing_once(sample_kb, retry_s=0.2) as (running, seen, failed):
+        assert "cannot connect" in str(failed.error)
+        assert entries(sample_kb, "billing")["退款政策.md"] == "标题 退款政策.md"  # as it was
         retried = running.next()  # no change made: the watcher tried again by itself
         assert retried.changed == ("billing/退款政策.md",) and retried.steps == ("doc billing/退款政策.md",)
         assert retried.error is None and retried.retry_in is None and seen == [2]
@@ -264,19 +276,82 @@ def test_a_batch_that_failed_on_the_model_is_tried_again_unasked(sample_kb: Path
         assert kindex.validate(sample_kb) == []
 
 
-def test_a_failed_batch_joins_the_next_change(sample_kb: Path) -> None:
-    with _edit_failing_once(sample_kb, retry_s=3600) as (running, seen, _):
-        other = sample_kb / "sync" / "离线模式.md"
-        other.write_text("# 离线模式（改）\n\n" + other.read_text(encoding="utf-8"), encoding="utf-8")
-        joined = running.next()
-        assert joined.changed == ("billing/退款政策.md", "sync/离线模式.md") and joined.error is None
-        assert entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策" and seen == [2]
+def test_stand_in_entries_from_an_overloaded_model_are_tried_again(sample_kb: Path) -> None:
+    # A call that reached the model and failed after its retries (HTTP 500, 429) gives the document a stand-in
+    # entry rather than failing the step: the batch used to count as done, the stand-in kept until the next edit.
+    with _edit_failing_once(sample_kb, retry_s=0.2, error=call_error()) as (running, seen, failed):
+        assert "stand-in entries for 1 documents" in str(failed.error) and "退款政策.md" in str(failed.error)
+        retried = running.next()
+        assert retried.error is None and seen == [2]
+        assert entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策"
 
 
-def test_retries_back_off_and_a_failure_on_the_documents_waits_for_a_change(sample_kb: Path) -> None:
-    watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), lambda u: None, retry_s=100)
+def test_a_failed_batch_waits_for_its_time_or_joins_the_next_change(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The failed step's own writes (.kindex/) are events too: they used to bring the retry forward, so a pending
+    # batch was tried several times a second whatever its backoff said.
+    kindex.KnowledgeBase(sample_kb, client=FakeClient()).reindex()
+    seen, flaky = _failing_once(call_error("cannot connect", unreachable=True), NEW_ENTRY)
+    updates: list[Update] = []
+    watcher = Watcher(
+        kindex.KnowledgeBase(sample_kb, client=FakeClient(by_path={"退款政策.md": flaky})), updates.append
+    )
+    now = [1000.0]
+    monkeypatch.setattr(kindex.watch, "_clock", lambda: now[0])
+    themes = set(scan(sample_kb).themes)
+    doc = sample_kb / "billing" / "退款政策.md"
+    doc.write_text("# 退款政策（新版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+    edited = {(watchfiles.Change.modified, str(doc))}
+    assert watcher._handle(themes, edited) == themes and updates[-1].retry_in == 30.0 and seen == [1]
+    own = {(watchfiles.Change.added, str(sample_kb / ".kindex" / "write.holder.json"))}
+    unrelated = {(watchfiles.Change.added, str(sample_kb / "notes.txt"))}
+    for batch in (own, unrelated, set()):
+        watcher._handle(themes, batch)  # not due: nothing tried
+    assert len(updates) == 1 and seen == [1]
+    now[0] += 30.0
+    watcher._handle(themes, set())  # due
+    assert updates[-1].changed == ("billing/退款政策.md",) and updates[-1].error is None and seen == [2]
+    # A failed batch joins the next change at once.
+    seen[0] = 0
+    doc.write_text("# 退款政策（第三版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+    watcher._handle(themes, edited)
+    assert updates[-1].retry_in == 30.0 and seen == [1]
+    other = sample_kb / "sync" / "离线模式.md"
+    other.write_text("# 离线模式（改）\n\n" + other.read_text(encoding="utf-8"), encoding="utf-8")
+    joined = {(watchfiles.Change.modified, str(other))}
+    watcher._handle(themes, joined)
+    last = updates[-1]
+    assert last.changed == ("billing/退款政策.md", "sync/离线模式.md") and last.error is None
+
+
+def test_a_retried_batch_that_added_a_theme_lists_it_in_the_root(sample_kb: Path) -> None:
+    # A failed step left the watcher believing the new theme was indexed: the retry ran without the root step,
+    # reported success, and the root index never listed the theme (kindex validate failed).
+    kindex.KnowledgeBase(sample_kb, client=FakeClient()).reindex()
+    _, root = _failing_once(call_error("cannot connect", unreachable=True), "")
+    client = FakeClient(root=lambda call: root(call) or well_behaved(call))
+    running = Running(sample_kb, client, retry_s=0.2)
+    try:
+        (sample_kb / "tax").mkdir()
+        (sample_kb / "tax" / "税率.md").write_text("# 税率\n\n增值税税率说明。\n", encoding="utf-8")
+        assert running.next().retry_in == 0.2
+        retried = running.next()
+        assert retried.steps == ("root", "sub tax") and retried.error is None
+        assert kindex.validate(sample_kb) == []
+    finally:
+        running.watcher.stop()
+        running.thread.join(30)
+
+
+def test_retries_back_off_give_up_and_a_failure_on_the_documents_waits_for_a_change(sample_kb: Path) -> None:
+    updates: list[Update] = []
+    watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), updates.append, retry_s=100)
     batch: tuple[set[str], set[str]] = ({"billing/退款政策.md"}, set())
-    delays = [watcher._failed(batch, BusyError("busy")) for _ in range(5)]
-    assert delays == [100, 200, 400, RETRY_MAX_S, RETRY_MAX_S]
-    assert watcher._failed(batch, InvalidFileError("kindex.toml: bad")) is None  # fails again until edited
-    assert watcher._pending is None and watcher._failed(batch, BusyError("busy")) == 100
+    for tries in range(RETRY_LIMIT + 1):
+        watcher._tries = tries  # as the watch loop counts them
+        watcher._report(batch, (), [], ["busy"], True)
+    assert [u.retry_in for u in updates] == [100, 200, 400, 600, 600, 600, 600, 600, None]
+    assert updates[-1].error == f"busy; gave up after {RETRY_LIMIT} tries" and watcher._pending is None
+    watcher._report(batch, (), [], ["kindex.toml: bad"], False)  # fails again until edited
+    assert updates[-1].retry_in is None and watcher._pending is None

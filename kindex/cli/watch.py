@@ -34,8 +34,9 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
     kindex.toml runs the whole pipeline. A batch ends after --debounce milliseconds without a change, so a burst
     of saves is one update. One line per update on stdout (--json: one JSON object per line). A batch that fails
-    because the model is unreachable or overloaded is tried again after 30 s, then after twice as long each time
-    (at most 10 minutes), paying only for what failed; one that fails on the documents waits for the next change.
+    because the model is unreachable, overloaded or answering badly (documents got stand-in entries) is tried
+    again after 30 s, then after twice as long each time (at most 10 minutes between tries, 8 tries), paying only
+    for what failed; one that fails on the documents (a broken kindex.toml) waits for the next change.
 
     \b
     Example:
@@ -72,6 +73,7 @@ def _emit(update: Update, as_json: bool) -> None:
             "written": update.written,
             "error": update.error,
             "retry_in": update.retry_in,
+            "retry_at": update.retry_at,
         }
         click.echo(orjson.dumps(line).decode())
     else:

@@ -170,6 +170,7 @@ def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:
             written=list(last.written),
             error=last.error,
             retry_in=last.retry_in,
+            retry_at=last.retry_at,
         ),
     )
 

@@ -116,6 +116,7 @@ class WatchUpdateModel(BaseModel):
         description="After a failure that may pass (the model unreachable, another writer busy): seconds until the "
         "batch is tried again unasked. `null`: the next change tries again.",
     )
+    retry_at: float | None = Field(default=None, description="When that is, in seconds since the epoch.")
 
 
 class WatchModel(BaseModel):
