@@ -227,15 +227,6 @@ class _Loaded:
     skill_library: bool
     matchers: dict[str, Any] = field(default_factory=dict)
     """The compiled ``paths`` globs of this index, filled on first use."""
-    written_in_english: bool | None = None
-    """See :meth:`english`; worked out on the first English question, not at every load."""
-
-    def english(self) -> bool:
-        """Whether the KB is written in English: most of its documents' titles hold no Chinese (or Japanese)."""
-        if self.written_in_english is None:
-            titled = [str(d.entry.get("title", "")) for d in self.index.docs]
-            self.written_in_english = 2 * sum(map(has_han, titled)) < len(titled)
-        return self.written_in_english
 
 
 def _load(kb: Path) -> _Loaded:
@@ -347,9 +338,6 @@ class _Scored:
     """Per document, the informative weight of the question's terms it covers."""
     total: float
     """The question's informative weight."""
-    everyday: bool = False
-    """An English question to a KB written in English: the KB uses most everyday English words somewhere, so using
-    every word of the question (:attr:`known`) says nothing of what it is about."""
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
@@ -358,9 +346,8 @@ class _Scored:
     @property
     def known(self) -> bool:
         """Every word of the question is one the KB uses (its values aside): the subject rule (``MIN_SUBJECT``)
-        does not apply, unless the question is English to an English KB (:attr:`everyday`): ``what's your name``
-        to a gateway manual that writes ``name`` in every config example."""
-        return not self.everyday and all(t.df or t.value or t.spelled for t in self.per_term)
+        does not apply."""
+        return all(t.df or t.value or t.spelled for t in self.per_term)
 
     def on_topic(self, docs: npt.NDArray[np.intp], min_relevance: float) -> bool:
         """Whether one of ``docs`` covers ``min_relevance`` of the question and, unless the KB uses every word of
@@ -647,7 +634,7 @@ def _score(
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
-    return _Scored(terms, scores, per_term, covered, total, english and loaded.english())
+    return _Scored(terms, scores, per_term, covered, total)
 
 
 def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
