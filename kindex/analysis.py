@@ -45,7 +45,7 @@ from typing import Any
 
 import Stemmer
 
-ANALYZER_VERSION = 6
+ANALYZER_VERSION = 7
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -329,9 +329,25 @@ def _parts(word: str) -> list[str]:
     return [word[m.start() : m.end()] for m in _PART.finditer(classes)]
 
 
+def _fold_accents(word: str) -> str:
+    """``word`` with the accents of Latin letters taken off (``Zürich`` → ``Zurich``, ``café`` → ``cafe``): people
+    type names without them. Marks on other scripts' letters (Devanagari vowel signs, kana) are part of the letter
+    and stay. One pass over the word."""
+    if word.isascii():
+        return word
+    out: list[str] = []
+    latin = False
+    for ch in unicodedata.normalize("NFD", word):
+        if latin and unicodedata.combining(ch):
+            continue  # a mark on an ASCII letter, or on such a mark
+        out.append(ch)
+        latin = ch.isascii() and ch.isalpha()
+    return unicodedata.normalize("NFC", "".join(out))
+
+
 def _word_terms(word: str) -> Iterator[str]:
     """A Latin word, stemmed; an identifier whole (unstemmed) and each of its parts stemmed."""
-    word = word.replace("\u2019", "'")
+    word = _fold_accents(word.replace("\u2019", "'"))
     folded = word.casefold()
     if folded in _EN_STOP:
         return
@@ -449,7 +465,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
         word = m.group("word")
-        if word and len(word) <= MAX_WORD and _is_identifier(word):
+        if word and len(word) <= MAX_WORD and _is_identifier(word := _fold_accents(word)):
             terms = list(_word_terms(word))
             # One part, stemmed, is no whole term (``__init__``); nor is a number left by a contraction (``1'd``).
             if terms and len(_parts(word)) > 1 and not terms[0].isdigit():

@@ -551,6 +551,22 @@ def test_rows_of_english_words_the_kb_lacks_are_kept_up_to_a_bound(
     assert loaded.absent == 4 and sum(not len(r.docs) for r in loaded.rows.values()) == 4
 
 
+def test_an_accented_name_mentioned_once_is_found(tmp_path: Path) -> None:
+    # Zürich was zürich + rich to the analyzer; whole now, it must still find the one page that names it.
+    docs = {
+        f"t/{w}.md": (
+            _doc(f"{w}.md", f"Gateway {w}", f"How the gateway handles {w}"),
+            f"# Gateway {w}\n\n{w} for routes.",
+        )
+        for w in ("routing", "plugins", "upstreams", "certificates")
+    }
+    docs["t/offices.md"] = (_doc("offices.md", "Offices", "Where we work"), "# Offices\n\nBerlin, Zürich and Lyon.")
+    kb = make_kb(tmp_path, docs)
+    for question in ("Zürich", "office in Zürich", "zurich"):
+        ctx = kindex.build_context(kb, question)
+        assert not ctx.fallback and ctx.items[0].path == "t/offices.md", question
+
+
 def test_a_path_has_one_name_whatever_its_empty_or_dot_folders() -> None:
     # billing//x.md and billing/x.md were two fallback documents, the same file served twice.
     normalize = kindex.globs.normalize_path
