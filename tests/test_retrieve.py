@@ -325,6 +325,12 @@ def test_missing_search_tables_are_rebuilt_in_memory_not_silently_lost(indexed: 
 
     assert kindex.search(indexed, "苹果商店里买的会员怎么退")[0].path == "billing/退款政策.md"
     assert kindex.KnowledgeBase(indexed).retriever.loaded().stale
+    # Said on the command line, where every call pays for the rebuild until a step saves new tables.
+    for command in ("context", "search"):
+        result = CliRunner().invoke(main, [command, str(indexed), "发票"])
+        assert result.exit_code == 0 and "the saved search tables do not match the index" in result.stderr
+    kindex.reindex(indexed)
+    assert "search tables" not in CliRunner().invoke(main, ["context", str(indexed), "发票"]).stderr
 
 
 def test_a_saved_table_that_no_longer_matches_the_index_is_not_used(indexed: Path) -> None:
