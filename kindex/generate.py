@@ -198,7 +198,7 @@ def _run(
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
     started = time.monotonic()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
-    with write_lock(s.kb, step, wait=opts.wait):
+    with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel):
         generator = make_generator(opts.llm, opts.client, opts.cancel)
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)

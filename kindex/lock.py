@@ -13,7 +13,7 @@ from pathlib import Path
 import filelock
 import orjson
 
-from kindex.errors import BusyError
+from kindex.errors import BusyError, CancelledRun
 from kindex.store import STATE_DIR, atomic_write
 
 LOCK_FILE = "write.lock"
@@ -23,9 +23,15 @@ HOLDER_FILE = "write.holder.json"
 _held = threading.local()
 
 
+CANCEL_POLL_S = 0.2
+"""How often a wait for the lock looks at its cancel event."""
+
+
 @contextmanager
-def write_lock(kb: Path, what: str, *, wait: float = 0.0) -> Iterator[None]:
-    """Hold the KB's writer lock while the block runs; :class:`BusyError` naming the holder after ``wait`` s.
+def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Event | None = None) -> Iterator[None]:
+    """Hold the KB's writer lock while the block runs; :class:`BusyError` naming the holder after ``wait`` s,
+    :class:`CancelledRun` as soon as ``cancel`` is set while waiting (a watcher told to stop must not wait out
+    another writer's step).
 
     The lock is the kernel's (released when the holder dies, even by SIGKILL), so no stale lock survives a crash.
     It is re-entrant within a thread: a step that runs other steps (a skill import indexing what it installed)
@@ -42,12 +48,19 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0) -> Iterator[None]:
     state = kb / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
-    try:
-        lock.acquire(timeout=wait)
-    except filelock.Timeout:
-        raise BusyError(
-            f"another kindex run is writing {kb} ({_holder(state)}); wait for it to finish, or pass --wait SECONDS"
-        ) from None
+    deadline = time.monotonic() + wait
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise CancelledRun("the run was cancelled while waiting for another writer; nothing was written")
+        try:
+            lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait)))
+            break
+        except filelock.Timeout:
+            if time.monotonic() >= deadline:
+                raise BusyError(
+                    f"another kindex run is writing {kb} ({_holder(state)}); wait for it to finish, or pass --wait "
+                    "SECONDS"
+                ) from None
     held[kb] = 1
     try:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -491,6 +492,34 @@ def test_the_write_lock_is_taken_before_the_model_adapter_loads(
     monkeypatch.setattr(generate, "make_generator", spy)
     kindex.reindex(sample_kb)
     assert held_when_loading == [True]  # a second writer is refused before seconds of litellm import
+
+
+def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Path) -> None:
+    # A watcher told to stop waited out another writer's step (up to its 300 s --wait) before it noticed.
+    from kindex.lock import write_lock
+
+    holding, release = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with write_lock(sample_kb, "reindex"):
+            holding.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        started = time.monotonic()
+        with pytest.raises(kindex.CancelledRun, match="while waiting for another writer"):
+            kindex.reindex(sample_kb, options=kindex.Options(wait=120, cancel=cancel))
+        assert time.monotonic() - started < 30  # not the 120 s it was told it could wait
+        with pytest.raises(kindex.BusyError, match="another kindex run is writing"):
+            kindex.reindex(sample_kb, options=kindex.Options(wait=0.5))
+    finally:
+        release.set()
+        thread.join(30)
 
 
 def test_a_newline_in_a_file_name_cannot_forge_prompt_lines(sample_kb: Path) -> None:
