@@ -180,11 +180,13 @@ class AnswerError(ModelError):
 class GenerationFailed(ModelError):
     """No usable answer for one item, after retries and a repair request; carries what was spent trying."""
 
-    def __init__(self, message: str, usage: Usage, *, unreachable: bool = False) -> None:
+    def __init__(self, message: str, usage: Usage, *, unreachable: bool = False, transient: bool = True) -> None:
         super().__init__(message)
         self.usage = usage
         self.unreachable = unreachable
         """The model was never reached (:attr:`ModelCallError.unreachable`)."""
+        self.transient = transient
+        """The call failed (trying again later may help), rather than the model answering unusably."""
 
 
 class StorageError(KindexError, OSError):

@@ -370,7 +370,7 @@ class _Runner:
                         f"{exc.message}: the model stopped answering ({self._unreachable_in_a_row} calls in a row "
                         "could not connect); the answers so far are cached: run again when it is back"
                     ) from None
-                self.report.failures.append(Failure(path=label, reason=exc.message))
+                self.report.failures.append(Failure(path=label, reason=exc.message, transient=exc.transient))
                 return None
             except BaseException:
                 self._fatal = True
@@ -430,7 +430,9 @@ class _Runner:
             try:
                 item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths, d.excerpt)
             except AnswerError as exc:  # a cached answer that no longer validates: treat as a failure
-                self.report.failures.append(Failure(path=d.rel, reason=f"stored answer unusable: {exc}"))
+                self.report.failures.append(
+                    Failure(path=d.rel, reason=f"stored answer unusable: {exc}", transient=False)
+                )
         if item is None:
             item = self._fallback_doc(d, previous)
         self._tick("doc", d.rel)

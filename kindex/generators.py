@@ -212,7 +212,9 @@ class LLMGenerator:
                 check(obj)
             except AnswerError as exc:
                 if attempt == 2:
-                    raise GenerationFailed(f"unusable answer after a repair request: {exc.message}", usage) from None
+                    raise GenerationFailed(
+                        f"unusable answer after a repair request: {exc.message}", usage, transient=False
+                    ) from None
                 convo += [
                     {"role": "assistant", "content": completion.text[:4000]},
                     {

@@ -38,6 +38,11 @@ class Failure(Result):
 
     path: str
     reason: str
+    transient: bool = Field(
+        default=True,
+        description="The call failed (an outage, a rate limit): trying again later may help. `false`: the model "
+        "answered, unusably, even after a repair request.",
+    )
 
 
 class StepProgress(Result):

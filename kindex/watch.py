@@ -24,6 +24,7 @@ from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
 from kindex.scan import scan
+from kindex.store import read_index, root_index_path
 
 DEFAULT_DEBOUNCE_MS = 1600
 """Changes arriving within this time of each other are handled as one batch (an editor's save-rename-delete)."""
@@ -160,8 +161,27 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
     return changed, removed
 
 
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    changed: frozenset[str]
+    removed: frozenset[str]
+    whole: bool = False
+    """The whole KB: the reindex a watcher starts with (see ``reconcile``)."""
+
+
+def _indexed_themes(kb: Path) -> set[str] | None:
+    """The themes the root index on disk lists (``None``: it cannot be read): what a batch is planned against. A
+    step that failed may already have rewritten the root, so a set kept in memory can be wrong either way."""
+    index = read_index(root_index_path(kb))
+    return None if index is None else {t.dir for t in index.themes}
+
+
 class Watcher:
-    """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`."""
+    """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`.
+
+    ``reconcile``: once the folder is watched, start with a reindex of the whole KB (cached answers make it cheap),
+    so that what changed while nobody watched, and what a stopped watcher left to retry, is indexed; it fails and
+    is retried as any batch is."""
 
     def __init__(
         self,
@@ -172,6 +192,7 @@ class Watcher:
         on_ready: Callable[[], None] | None = None,
         stop_event: threading.Event | None = None,
         retry_s: float = RETRY_FIRST_S,
+        reconcile: bool = False,
     ) -> None:
         self.kb = kb
         self.on_update = on_update
@@ -181,11 +202,12 @@ class Watcher:
         self.ready = threading.Event()
         """Set once the folder is watched: every change after it is seen."""
         self.retry_s = retry_s
-        self._pending: tuple[set[str], set[str]] | None = None
-        """(changed, removed) of the batch that failed for a reason that may pass, until it is done."""
+        self.reconcile = reconcile
+        self._pending: _Batch | None = None
+        """The batch that failed for a reason that may pass, until it is done or given up."""
         self._retry_at = 0.0
         self._tries = 0
-        """Retries of the pending batch so far."""
+        """Attempts at the pending batch since its first failure, a new change joining it included."""
 
     def stop(self) -> None:
         self.stopped.set()
@@ -196,9 +218,8 @@ class Watcher:
         (:class:`InterruptedRun`, Ctrl-C), which ends the watch."""
         root = self.kb.path
         try:
-            themes = set(scan(root).themes)
+            scan(root)
         except KindexError as exc:  # a broken kindex.toml: said, and watched until it is fixed
-            themes = set()
             self.on_update(Update((), (), (), (), exc.message))
         ready = False
         for changes in watchfiles.watch(
@@ -216,42 +237,45 @@ class Watcher:
                 self.ready.set()
                 if self.on_ready is not None:
                     self.on_ready()
+                if self.reconcile:
+                    self._apply(_Batch(frozenset(), frozenset(), whole=True))
             if changes and not root.is_dir():
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
                 return
-            themes = self._handle(themes, changes)
+            self._handle(changes)
 
-    def _handle(self, themes: set[str], changes: set[tuple[watchfiles.Change, str]]) -> set[str]:
-        """One batch of events (none: a quiet interval), and the pending batch if it is due: the themes after."""
+    def _handle(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
+        """One batch of events (none: a quiet interval), and the pending batch if it is due."""
         changed, removed = _relevant_changes(self.kb.path, changes)
+        pending = self._pending
         if changed or removed:
-            if self._pending is not None:  # a failed batch joins this one; what just happened to a path wins
-                pending_changed, pending_removed = self._pending
-                changed, removed = changed | (pending_changed - removed), removed | (pending_removed - changed)
-                self._pending, self._tries = None, 0
-            return self._apply(themes, sorted(changed), sorted(removed))
-        if self._pending is not None and _clock() >= self._retry_at:
+            if pending is not None:  # a failed batch joins this one; what just happened to a path wins
+                changed, removed = changed | (pending.changed - removed), removed | (pending.removed - changed)
+                self._tries += 1  # an attempt at the failed batch too: the limit holds on a busy KB
+            self._apply(_Batch(frozenset(changed), frozenset(removed), pending is not None and pending.whole))
+        elif pending is not None and _clock() >= self._retry_at:
             # Only when due: kindex's own writes and other files are events too, and must not bring it forward.
             self._tries += 1
-            return self._apply(themes, *map(sorted, self._pending))
-        return themes
+            self._apply(pending)
 
-    def _apply(self, themes: set[str], changed: list[str], removed: list[str]) -> set[str]:
-        batch = (set(changed), set(removed))
+    def _apply(self, batch: _Batch) -> None:
+        changed, removed = sorted(batch.changed), sorted(batch.removed)
         try:
             s = scan(self.kb.path)
         except KindexError as exc:
             self._report(batch, (), [], [exc.message], isinstance(exc, _MAY_PASS))
-            return themes
-        after = set(s.themes)
+            return
         # A changed file the scan did not take (not UTF-8, empty, too large, a symlink out…) is gone from the index.
         scanned = {d.rel for d in s.documents}
         skipped = {x.path: x.reason for x in s.skipped}
         notes = tuple(f"{rel}: skipped: {skipped[rel]}" for rel in changed if rel in skipped)
         unscannable = [rel for rel in changed if rel != CONFIG_FILE and rel not in scanned]
         changed = [rel for rel in changed if rel not in unscannable]
-        steps = plan(themes, after, changed, sorted({*removed, *unscannable}))
+        indexed = _indexed_themes(self.kb.path)
+        steps = plan(set() if indexed is None else indexed, set(s.themes), changed, sorted({*removed, *unscannable}))
+        steps.reindex = steps.reindex or batch.whole
+        steps.root = steps.root or indexed is None
         reports: list[RunReport] = []
         done: list[str] = []
         try:
@@ -271,23 +295,22 @@ class Watcher:
         except InterruptedRun:
             raise
         except KindexError as exc:
-            # The themes as they were, not ``after``: if this batch added or removed a theme and the root step did
-            # not run, the retry (or the next change) must plan it again.
             self._report(batch, tuple(done), reports, [*notes, exc.message], isinstance(exc, _MAY_PASS))
-            return themes
-        stand_ins = [f"{f.path}: {f.reason}" for r in reports for f in r.failures]
-        if stand_ins:  # the model failed on some documents after its own retries: an outage or overload, not ours
-            shown = "; ".join(stand_ins[:3]) + ("; …" if len(stand_ins) > 3 else "")
-            problem = f"stand-in entries for {len(stand_ins)} documents (the model's answers failed): {shown}"
-            self._report(batch, tuple(done), reports, [*notes, problem], True)
-            return themes
+            return
+        failures = [f for r in reports for f in r.failures]
+        if failures:  # stand-in entries: the model failed on some documents after its own retries
+            shown = "; ".join(f"{f.path}: {f.reason}" for f in failures[:3]) + ("; …" if len(failures) > 3 else "")
+            problem = f"stand-in entries for {len(failures)} documents (the model's answers failed): {shown}"
+            # Only a failed call may pass; an answer unusable even after a repair request would be paid again.
+            self._report(batch, tuple(done), reports, [*notes, problem], any(f.transient for f in failures))
+            return
         self._pending, self._tries = None, 0
-        self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), "; ".join(notes) or None))
-        return after
+        update = Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), "; ".join(notes) or None)
+        self.on_update(update)
 
     def _report(
         self,
-        batch: tuple[set[str], set[str]],
+        batch: _Batch,
         done: tuple[str, ...],
         reports: list[RunReport],
         problems: list[str],
@@ -295,7 +318,7 @@ class Watcher:
     ) -> None:
         """Reports a failed batch, kept to be tried again if its failure may pass and it has not been tried
         ``RETRY_LIMIT`` times (see ``RETRY_FIRST_S``)."""
-        changed, removed = tuple(sorted(batch[0])), tuple(sorted(batch[1]))
+        changed, removed = tuple(sorted(batch.changed)), tuple(sorted(batch.removed))
         if not may_pass or self._tries >= RETRY_LIMIT:
             self._pending, self._tries = None, 0
             if may_pass:

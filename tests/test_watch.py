@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +20,9 @@ from fastapi.testclient import TestClient
 
 import kindex
 import kindex.watch
-from kindex.scan import scan
 from kindex.server import create_app
-from kindex.watch import RETRY_LIMIT, Update, Watcher
+from kindex.server.state import AgentWatch
+from kindex.watch import RETRY_LIMIT, Update, Watcher, _Batch
 from tests.conftest import REPO
 from tests.fakeclient import Call, FakeClient, call_error, well_behaved
 
@@ -129,29 +130,40 @@ def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly_on_ctrl_c(sampl
     assert kindex.validate(sample_kb) == []
 
 
-def test_the_service_watches_an_agent_on_request(sample_kb: Path) -> None:
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> queue.Queue[Update]:
+    """Every update the service's watchers record, in order."""
+    updates: queue.Queue[Update] = queue.Queue()
+    record = AgentWatch.record
+
+    def record_and_queue(self: AgentWatch, update: Update) -> None:
+        record(self, update)
+        updates.put(update)
+
+    monkeypatch.setattr(AgentWatch, "record", record_and_queue)
+    return updates
+
+
+def test_the_service_watches_an_agent_on_request(sample_kb: Path, recorded: queue.Queue[Update]) -> None:
     client = FakeClient()
     app = create_app(sample_kb.parent, client=client)
     agent = sample_kb.name
     with TestClient(app, base_url="http://127.0.0.1") as http:
         assert http.post(f"/v1/agents/{agent}/knowledge/reindex").status_code == 200
+        doc = sample_kb / "billing" / "自动续费.md"
+        before = len(client.calls)
+        doc.write_text("# 自动续费（改）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")  # not watched yet
         on = http.put(f"/v1/agents/{agent}/knowledge/watch")
         assert on.status_code == 200 and on.json()["watching"] is True
         entry = app.state.kindex.watchers[agent]
         assert entry.watcher.ready.is_set()  # the answer came once the folder was watched
-        seen = threading.Event()
-        record = entry.record
-
-        def record_and_signal(update: Update) -> None:
-            record(update)
-            seen.set()
-
-        entry.record = record_and_signal
-        doc = sample_kb / "billing" / "自动续费.md"
+        start = recorded.get(timeout=60)  # it starts with a reindex: the edit made while unwatched is indexed
+        assert start.steps == ("reindex",) and start.error is None
+        assert "自动续费.md" in [c.label for c in client.calls[before:]]
         doc.write_text("# 自动续费（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
-        assert seen.wait(60)
+        assert recorded.get(timeout=60).steps == ("doc billing/自动续费.md",)
         status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
-        assert status["updates"] == 1 and status["last"]["steps"] == ["doc billing/自动续费.md"]
+        assert status["updates"] == 2 and status["last"]["steps"] == ["doc billing/自动续费.md"]
         off = http.delete(f"/v1/agents/{agent}/knowledge/watch")
         assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
 
@@ -197,7 +209,9 @@ def test_a_burst_of_saves_is_one_update(sample_kb: Path) -> None:
     assert updates.empty()
 
 
-def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_folder(sample_kb: Path) -> None:
+def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_folder(
+    sample_kb: Path, recorded: queue.Queue[Update]
+) -> None:
     import shutil
 
     app = create_app(sample_kb.parent, client=FakeClient())
@@ -210,6 +224,7 @@ def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_fold
         (sample_kb / "kindex.toml").unlink()
         assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["watching"] is True
         entry = app.state.kindex.watchers[agent]
+        assert recorded.get(timeout=60).steps == ("reindex",)  # its start, done before the folder goes
         shutil.rmtree(sample_kb)
         entry.thread.join(60)  # the watcher notices its folder is gone and stops
         status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
@@ -223,7 +238,7 @@ def test_a_failed_update_is_printed_as_failed_not_as_nothing_to_do(capsys: pytes
     _emit(Update(("billing/退款政策.md",), (), (), (), "no connection after 5 attempts: cannot connect"), False)
     out, err = capsys.readouterr()
     assert out == "billing/退款政策.md -> failed: 0 model calls\n"
-    assert "kindex: no connection after 5 attempts: cannot connect (the next change tries again)" in err
+    assert "kindex: no connection after 5 attempts: cannot connect (a change of these documents, or a restart" in err
     _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), False)
     assert "kindex: cannot connect (trying again in 30 s)" in capsys.readouterr().err
     _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), True)
@@ -299,28 +314,28 @@ def test_a_failed_batch_waits_for_its_time_or_joins_the_next_change(
     )
     now = [1000.0]
     monkeypatch.setattr(kindex.watch, "_clock", lambda: now[0])
-    themes = set(scan(sample_kb).themes)
     doc = sample_kb / "billing" / "退款政策.md"
     doc.write_text("# 退款政策（新版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
     edited = {(watchfiles.Change.modified, str(doc))}
-    assert watcher._handle(themes, edited) == themes and updates[-1].retry_in == 30.0 and seen == [1]
+    watcher._handle(edited)
+    assert updates[-1].retry_in == 30.0 and seen == [1]
     own = {(watchfiles.Change.added, str(sample_kb / ".kindex" / "write.holder.json"))}
     unrelated = {(watchfiles.Change.added, str(sample_kb / "notes.txt"))}
     for batch in (own, unrelated, set()):
-        watcher._handle(themes, batch)  # not due: nothing tried
+        watcher._handle(batch)  # not due: nothing tried
     assert len(updates) == 1 and seen == [1]
     now[0] += 30.0
-    watcher._handle(themes, set())  # due
+    watcher._handle(set())  # due
     assert updates[-1].changed == ("billing/退款政策.md",) and updates[-1].error is None and seen == [2]
     # A failed batch joins the next change at once.
     seen[0] = 0
     doc.write_text("# 退款政策（第三版）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
-    watcher._handle(themes, edited)
+    watcher._handle(edited)
     assert updates[-1].retry_in == 30.0 and seen == [1]
     other = sample_kb / "sync" / "离线模式.md"
     other.write_text("# 离线模式（改）\n\n" + other.read_text(encoding="utf-8"), encoding="utf-8")
     joined = {(watchfiles.Change.modified, str(other))}
-    watcher._handle(themes, joined)
+    watcher._handle(joined)
     last = updates[-1]
     assert last.changed == ("billing/退款政策.md", "sync/离线模式.md") and last.error is None
 
@@ -347,7 +362,7 @@ def test_a_retried_batch_that_added_a_theme_lists_it_in_the_root(sample_kb: Path
 def test_retries_back_off_give_up_and_a_failure_on_the_documents_waits_for_a_change(sample_kb: Path) -> None:
     updates: list[Update] = []
     watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), updates.append, retry_s=100)
-    batch: tuple[set[str], set[str]] = ({"billing/退款政策.md"}, set())
+    batch = _Batch(frozenset({"billing/退款政策.md"}), frozenset())
     for tries in range(RETRY_LIMIT + 1):
         watcher._tries = tries  # as the watch loop counts them
         watcher._report(batch, (), [], ["busy"], True)
@@ -355,3 +370,61 @@ def test_retries_back_off_give_up_and_a_failure_on_the_documents_waits_for_a_cha
     assert updates[-1].error == f"busy; gave up after {RETRY_LIMIT} tries" and watcher._pending is None
     watcher._report(batch, (), [], ["kindex.toml: bad"], False)  # fails again until edited
     assert updates[-1].retry_in is None and watcher._pending is None
+
+
+def _driven(kb: Path, client: FakeClient, monkeypatch: pytest.MonkeyPatch) -> tuple[Watcher, list[Update]]:
+    """A watcher whose batches the test hands it (:meth:`Watcher._handle`), its clock standing still."""
+    kindex.KnowledgeBase(kb, client=FakeClient()).reindex()
+    updates: list[Update] = []
+    monkeypatch.setattr(kindex.watch, "_clock", lambda: 1000.0)
+    return Watcher(kindex.KnowledgeBase(kb, client=client), updates.append), updates
+
+
+def _edit(doc: Path, title: str) -> set[tuple[watchfiles.Change, str]]:
+    doc.write_text(f"# {title}\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+    return {(watchfiles.Change.modified, str(doc))}
+
+
+def test_a_theme_change_undone_while_a_batch_is_pending_leaves_a_true_root(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch's root step ran (the root listed the new theme) before a document failed; the theme was then
+    # removed again. Planned against the themes kept in memory, nothing had changed: the root kept listing it.
+    up = [False]
+    client = FakeClient(by_path={"退款政策.md": lambda call: well_behaved(call) if up[0] else call_error()})
+    watcher, updates = _driven(sample_kb, client, monkeypatch)
+    (sample_kb / "newt").mkdir()
+    (sample_kb / "newt" / "a.md").write_text("# 新主题\n\n内容一段。\n", encoding="utf-8")
+    batch = _edit(sample_kb / "billing" / "退款政策.md", "新版") | {(watchfiles.Change.added, str(sample_kb / "newt"))}
+    watcher._handle(batch)
+    assert updates[-1].steps[:2] == ("root", "sub newt") and updates[-1].retry_in  # the doc got a stand-in
+    shutil.rmtree(sample_kb / "newt")
+    up[0] = True
+    watcher._handle({(watchfiles.Change.deleted, str(sample_kb / "newt"))})
+    assert "root" in updates[-1].steps and updates[-1].error is None
+    assert kindex.validate(sample_kb) == []
+
+
+def test_a_busy_kb_does_not_retry_a_failing_document_without_end(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every other edit joined the failed batch and reset its count: the failing document was paid for again on
+    # each edit anywhere in the KB, forever.
+    client = FakeClient(by_path={"退款政策.md": call_error()})
+    watcher, updates = _driven(sample_kb, client, monkeypatch)
+    watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    for i in range(RETRY_LIMIT + 2):
+        watcher._handle(_edit(sample_kb / "sync" / "离线模式.md", f"第{i}版"))
+    asked = [c for c in client.calls if c.label == "退款政策.md"]
+    assert len(asked) == RETRY_LIMIT + 1  # the first try and RETRY_LIMIT more, then given up
+    assert any(f"gave up after {RETRY_LIMIT} tries" in str(u.error) for u in updates)
+    assert updates[-1].error is None and updates[-1].changed == ("sync/离线模式.md",)
+
+
+def test_an_answer_unusable_after_a_repair_is_not_retried(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It will be as unusable in 30 s: trying again would pay two calls a time, eight times.
+    client = FakeClient(by_path={"退款政策.md": "this is not JSON"})
+    watcher, updates = _driven(sample_kb, client, monkeypatch)
+    watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    assert "unusable answer" in str(updates[-1].error) and updates[-1].retry_in is None
+    assert watcher._pending is None and len([c for c in client.calls if c.label == "退款政策.md"]) == 2

@@ -29,14 +29,16 @@ from kindex.watch import DEFAULT_DEBOUNCE_MS, Update, Watcher
 def watch(kb: str, debounce: int, **kw: Any) -> None:
     """Reindex KB as its documents change, until Ctrl-C.
 
-    Starts with a reindex (cached answers make it cheap), then handles each batch of changes with the smallest
+    Starts with a reindex once the folder is watched (cached answers make it cheap: it indexes what changed while
+    nothing watched), then handles each batch of changes with the smallest
     steps: an edited or added document is one model call (its entry and its theme index, nothing else), a
     deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
     kindex.toml runs the whole pipeline. A batch ends after --debounce milliseconds without a change, so a burst
     of saves is one update. One line per update on stdout (--json: one JSON object per line). A batch that fails
-    because the model is unreachable, overloaded or answering badly (documents got stand-in entries) is tried
-    again after 30 s, then after twice as long each time (at most 10 minutes between tries, 8 tries), paying only
-    for what failed; one that fails on the documents (a broken kindex.toml) waits for the next change.
+    because the model is unreachable or overloaded (documents got stand-in entries) is tried again after 30 s,
+    then after twice as long each time (at most 10 minutes between tries; 8 tries, a new change joining it
+    counting as one), paying only for what failed. One that fails on the documents (a broken kindex.toml) or on
+    answers unusable even after a repair request waits for a change of those documents, or a restart.
 
     \b
     Example:
@@ -46,8 +48,6 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     kb_folder(kb)  # a wrong path says so as every command does, before the model is set up
     options = options_from(kb, kw, None)
     handle = KnowledgeBase(kb, Settings(generation=options))
-    first = handle.reindex()
-    _emit(Update((), (), ("reindex",), (first,)), as_json)
     stop = threading.Event()
     watcher = Watcher(
         handle,
@@ -55,6 +55,7 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
         debounce_ms=debounce,
         stop_event=stop,
         on_ready=lambda: click.echo(f"kindex: watching {kb} (Ctrl-C to stop)", err=True),
+        reconcile=True,  # the reindex it starts with, after the watch is set: no change is missed, failures retried
     )
     try:
         watcher.run()
@@ -85,7 +86,9 @@ def _emit(update: Update, as_json: bool) -> None:
         click.echo(f"{what} -> {done}{wrote}")
         if update.error:
             again = (
-                "the next change tries again" if update.retry_in is None else f"trying again in {update.retry_in:g} s"
+                "a change of these documents, or a restart of the watch, tries again"
+                if update.retry_in is None
+                else f"trying again in {update.retry_in:g} s"
             )
             click.echo(f"kindex: {update.error} ({again})", err=True)
     sys.stdout.flush()

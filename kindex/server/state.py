@@ -101,7 +101,9 @@ class ServerState:
             if current is not None and current.thread.is_alive():
                 return current
             holder: list[AgentWatch] = []
-            watcher = Watcher(kb, lambda u: holder[0].record(u))
+            # Starting with a reindex (cached answers: cheap) indexes what changed while the agent was not watched,
+            # and what a stopped watcher left to try again.
+            watcher = Watcher(kb, lambda u: holder[0].record(u), reconcile=True)
             thread = threading.Thread(target=watcher.run, name=f"kindex-watch-{agent_id}", daemon=True)
             entry = AgentWatch(watcher, thread)
             holder.append(entry)
