@@ -162,7 +162,9 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
 
 
 @dataclass(frozen=True, slots=True)
-class _Batch:
+class Batch:
+    """Changes handled together: documents (and ``kindex.toml``) changed and removed, KB-relative."""
+
     changed: frozenset[str]
     removed: frozenset[str]
     whole: bool = False
@@ -180,8 +182,8 @@ class Watcher:
     """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`.
 
     ``reconcile``: once the folder is watched, start with a reindex of the whole KB (cached answers make it cheap),
-    so that what changed while nobody watched, and what a stopped watcher left to retry, is indexed; it fails and
-    is retried as any batch is."""
+    so that what changed while nobody watched is indexed; it fails and is retried as any batch is. ``resume``: the
+    :attr:`pending` batch of a watcher stopped before, tried again once the folder is watched."""
 
     def __init__(
         self,
@@ -193,6 +195,7 @@ class Watcher:
         stop_event: threading.Event | None = None,
         retry_s: float = RETRY_FIRST_S,
         reconcile: bool = False,
+        resume: Batch | None = None,
     ) -> None:
         self.kb = kb
         self.on_update = on_update
@@ -203,14 +206,19 @@ class Watcher:
         """Set once the folder is watched: every change after it is seen."""
         self.retry_s = retry_s
         self.reconcile = reconcile
-        self._pending: _Batch | None = None
+        self._pending: Batch | None = resume
         """The batch that failed for a reason that may pass, until it is done or given up."""
-        self._retry_at = 0.0
+        self._retry_at = 0.0  # a resumed batch is due at once
         self._tries = 0
         """Attempts at the pending batch since its first failure, a new change joining it included."""
 
     def stop(self) -> None:
         self.stopped.set()
+
+    @property
+    def pending(self) -> Batch | None:
+        """The batch waiting to be tried again, if any: what a watcher started later can ``resume``."""
+        return self._pending
 
     def run(self) -> None:
         """Watch until stopped (or until the folder itself is gone). Each batch is handled before the next is
@@ -238,7 +246,7 @@ class Watcher:
                 if self.on_ready is not None:
                     self.on_ready()
                 if self.reconcile:
-                    self._apply(_Batch(frozenset(), frozenset(), whole=True))
+                    self._apply(Batch(frozenset(), frozenset(), whole=True))
             if changes and not root.is_dir():
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
@@ -253,13 +261,13 @@ class Watcher:
             if pending is not None:  # a failed batch joins this one; what just happened to a path wins
                 changed, removed = changed | (pending.changed - removed), removed | (pending.removed - changed)
                 self._tries += 1  # an attempt at the failed batch too: the limit holds on a busy KB
-            self._apply(_Batch(frozenset(changed), frozenset(removed), pending is not None and pending.whole))
+            self._apply(Batch(frozenset(changed), frozenset(removed), pending is not None and pending.whole))
         elif pending is not None and _clock() >= self._retry_at:
             # Only when due: kindex's own writes and other files are events too, and must not bring it forward.
             self._tries += 1
             self._apply(pending)
 
-    def _apply(self, batch: _Batch) -> None:
+    def _apply(self, batch: Batch) -> None:
         changed, removed = sorted(batch.changed), sorted(batch.removed)
         try:
             s = scan(self.kb.path)
@@ -310,7 +318,7 @@ class Watcher:
 
     def _report(
         self,
-        batch: _Batch,
+        batch: Batch,
         done: tuple[str, ...],
         reports: list[RunReport],
         problems: list[str],

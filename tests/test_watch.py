@@ -22,7 +22,7 @@ import kindex
 import kindex.watch
 from kindex.server import create_app
 from kindex.server.state import AgentWatch
-from kindex.watch import RETRY_LIMIT, Update, Watcher, _Batch
+from kindex.watch import RETRY_LIMIT, Batch, Update, Watcher
 from tests.conftest import REPO
 from tests.fakeclient import Call, FakeClient, call_error, well_behaved
 
@@ -150,22 +150,44 @@ def test_the_service_watches_an_agent_on_request(sample_kb: Path, recorded: queu
     agent = sample_kb.name
     with TestClient(app, base_url="http://127.0.0.1") as http:
         assert http.post(f"/v1/agents/{agent}/knowledge/reindex").status_code == 200
-        doc = sample_kb / "billing" / "自动续费.md"
-        before = len(client.calls)
-        doc.write_text("# 自动续费（改）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")  # not watched yet
         on = http.put(f"/v1/agents/{agent}/knowledge/watch")
         assert on.status_code == 200 and on.json()["watching"] is True
         entry = app.state.kindex.watchers[agent]
         assert entry.watcher.ready.is_set()  # the answer came once the folder was watched
-        start = recorded.get(timeout=60)  # it starts with a reindex: the edit made while unwatched is indexed
-        assert start.steps == ("reindex",) and start.error is None
-        assert "自动续费.md" in [c.label for c in client.calls[before:]]
+        doc = sample_kb / "billing" / "自动续费.md"
         doc.write_text("# 自动续费（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
         assert recorded.get(timeout=60).steps == ("doc billing/自动续费.md",)
         status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
-        assert status["updates"] == 2 and status["last"]["steps"] == ["doc billing/自动续费.md"]
+        assert status["updates"] == 1 and status["last"]["steps"] == ["doc billing/自动续费.md"]
         off = http.delete(f"/v1/agents/{agent}/knowledge/watch")
         assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
+
+
+def test_a_batch_pending_when_the_service_stops_watching_is_tried_when_it_starts_again(
+    sample_kb: Path, recorded: queue.Queue[Update]
+) -> None:
+    # DELETE then PUT …/watch lost the failed batch: the new watcher started with nothing to try again, and the
+    # entry kept its old text until that document was edited again.
+    up = [False]
+    unreachable = call_error("cannot connect", unreachable=True)
+    client = FakeClient(by_path={"自动续费.md": lambda call: well_behaved(call) if up[0] else unreachable})
+    app = create_app(sample_kb.parent, client=client)
+    agent = sample_kb.name
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        assert http.post(f"/v1/agents/{agent}/knowledge/reindex").status_code == 200
+        http.put(f"/v1/agents/{agent}/knowledge/watch")
+        before = len(client.calls)
+        doc = sample_kb / "billing" / "自动续费.md"
+        doc.write_text("# 自动续费（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+        failed = recorded.get(timeout=60)
+        assert failed.error and failed.retry_in == 30.0
+        http.delete(f"/v1/agents/{agent}/knowledge/watch")
+        up[0] = True
+        http.put(f"/v1/agents/{agent}/knowledge/watch")
+        resumed = recorded.get(timeout=60)  # at once, not after the 30 s the stopped watcher would have waited
+        assert resumed.changed == ("billing/自动续费.md",) and resumed.error is None
+        assert [c.label for c in client.calls[before:]] == ["自动续费.md", "自动续费.md"]
+        http.delete(f"/v1/agents/{agent}/knowledge/watch")
 
 
 def test_a_folder_moved_out_or_hidden_and_an_unscannable_document_leave_a_valid_index(
@@ -224,7 +246,6 @@ def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_fold
         (sample_kb / "kindex.toml").unlink()
         assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["watching"] is True
         entry = app.state.kindex.watchers[agent]
-        assert recorded.get(timeout=60).steps == ("reindex",)  # its start, done before the folder goes
         shutil.rmtree(sample_kb)
         entry.thread.join(60)  # the watcher notices its folder is gone and stops
         status = http.get(f"/v1/agents/{agent}/knowledge/watch").json()
@@ -362,7 +383,7 @@ def test_a_retried_batch_that_added_a_theme_lists_it_in_the_root(sample_kb: Path
 def test_retries_back_off_give_up_and_a_failure_on_the_documents_waits_for_a_change(sample_kb: Path) -> None:
     updates: list[Update] = []
     watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), updates.append, retry_s=100)
-    batch = _Batch(frozenset({"billing/退款政策.md"}), frozenset())
+    batch = Batch(frozenset({"billing/退款政策.md"}), frozenset())
     for tries in range(RETRY_LIMIT + 1):
         watcher._tries = tries  # as the watch loop counts them
         watcher._report(batch, (), [], ["busy"], True)

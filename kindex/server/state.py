@@ -19,7 +19,7 @@ from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import TaskEngine
-from kindex.watch import Update, Watcher
+from kindex.watch import Batch, Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
@@ -63,6 +63,8 @@ class ServerState:
     queued: bool = False
     """Steps run on queue workers (``kindex serve --queue``), not in this process."""
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
+    left: dict[str, Batch] = field(default_factory=dict)
+    """Per agent no longer watched: the batch its watcher had yet to try again (at most one per agent folder)."""
     gates: dict[str, AgentGate] = field(default_factory=dict)
     """Per agent whose folder exists (so bounded by the folders), made on the event loop of its first request."""
     _handles: Handles | None = None
@@ -101,9 +103,10 @@ class ServerState:
             if current is not None and current.thread.is_alive():
                 return current
             holder: list[AgentWatch] = []
-            # Starting with a reindex (cached answers: cheap) indexes what changed while the agent was not watched,
-            # and what a stopped watcher left to try again.
-            watcher = Watcher(kb, lambda u: holder[0].record(u), reconcile=True)
+            # What a watcher stopped before left to try again is tried at once. No reindex at the start, unlike the
+            # CLI's: the service's generator may not be the one that indexed the KB, and a PUT must not rewrite it.
+            resume = self.left.pop(agent_id, None)
+            watcher = Watcher(kb, lambda u: holder[0].record(u), resume=resume)
             thread = threading.Thread(target=watcher.run, name=f"kindex-watch-{agent_id}", daemon=True)
             entry = AgentWatch(watcher, thread)
             holder.append(entry)
@@ -120,6 +123,8 @@ class ServerState:
         if entry is not None:
             entry.watcher.stop()
             entry.thread.join(timeout)
+            if entry.watcher.pending is not None:
+                self.left[agent_id] = entry.watcher.pending
 
     def unwatch_all(self) -> None:
         for agent_id in list(self.watchers):
