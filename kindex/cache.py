@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from kindex.errors import KBNotFoundError
+from kindex.errors import KBNotFoundError, StorageError
 from kindex.store import STATE_DIR
 
 CACHE_FILE = "answers.sqlite"
@@ -97,13 +97,17 @@ class Cache:
         """Record an answer and commit it at once; older answers with the same non-empty ``label`` are dropped."""
         self._entries[key] = dict(value)
         db = self._connect()
-        with db:  # one transaction: the new answer and the removal of the ones it supersedes
-            db.execute("BEGIN IMMEDIATE")
-            if label:
-                db.execute("DELETE FROM answers WHERE label = ? AND key != ?", (label, key))
-            db.execute(
-                "INSERT OR REPLACE INTO answers (key, label, value) VALUES (?, ?, ?)", (key, label, orjson.dumps(value))
-            )
+        try:
+            with db:  # one transaction: the new answer and the removal of the ones it supersedes
+                db.execute("BEGIN IMMEDIATE")
+                if label:
+                    db.execute("DELETE FROM answers WHERE label = ? AND key != ?", (label, key))
+                db.execute(
+                    "INSERT OR REPLACE INTO answers (key, label, value) VALUES (?, ?, ?)",
+                    (key, label, orjson.dumps(value)),
+                )
+        except sqlite3.OperationalError as exc:  # a full disk, a locked or read-only database: a storage problem
+            raise StorageError(f"could not record a model answer in {self.path}: {exc}") from exc
 
     def close(self) -> None:
         if self._db is not None:

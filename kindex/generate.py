@@ -451,6 +451,11 @@ class _Runner:
         d = self.scan.theme_doc(dir_name, rel_path)
         self.report.total = 1
         path = theme_index_path(self.scan.kb, dir_name)
+        if not clear_dir and read_index(path) is None:
+            # Merging into nothing would write a theme index of this one document and drop every other entry.
+            self.report.notes.append(f"{dir_name}/index.json was missing or unreadable: the whole theme was written")
+            await self.theme(dir_name)
+            return
         previous = Index() if clear_dir else (read_index(path) or Index())
         item = await self._doc_entry(d, previous)
         # Re-read just before writing: the lock makes this the only writer, and the merge keeps every other entry.

@@ -18,13 +18,13 @@ from pathlib import Path
 import watchfiles
 
 from kindex.config import CONFIG_FILE
-from kindex.errors import BusyError, InterruptedRun, KindexError, ModelError, StorageError
+from kindex.errors import BusyError, CancelledRun, InterruptedRun, KindexError, ModelError, StorageError
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
 from kindex.scan import scan
-from kindex.store import read_index, root_index_path
+from kindex.store import read_index, root_index_path, theme_index_path
 
 DEFAULT_DEBOUNCE_MS = 1600
 """Changes arriving within this time of each other are handled as one batch (an editor's save-rename-delete)."""
@@ -39,6 +39,7 @@ after twice as long each time up to ``RETRY_MAX_S``, at most ``RETRY_LIMIT`` tim
 change joins it first. One that failed on the documents (a broken ``kindex.toml``) waits for a change: trying it
 again would fail again. Answers already paid for are cached, so a retry pays only for what failed."""
 _MAY_PASS = (ModelError, BusyError, StorageError)
+_STOPPED = "stopped before the update was done: it is tried again when the folder is watched again"
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 
 
@@ -171,6 +172,17 @@ class Batch:
     """The whole KB: the reindex a watcher starts with (see ``reconcile``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A batch waiting to be tried again, with its tries so far and when it is due: what a watcher stopped before
+    hands to the next (``resume``), so that stopping and starting does not skip the backoff or the limit."""
+
+    batch: Batch
+    tries: int
+    due: float
+    """``time.monotonic`` value."""
+
+
 def _indexed_themes(kb: Path) -> set[str] | None:
     """The themes the root index on disk lists (``None``: it cannot be read): what a batch is planned against. A
     step that failed may already have rewritten the root, so a set kept in memory can be wrong either way."""
@@ -183,7 +195,7 @@ class Watcher:
 
     ``reconcile``: once the folder is watched, start with a reindex of the whole KB (cached answers make it cheap),
     so that what changed while nobody watched is indexed; it fails and is retried as any batch is. ``resume``: the
-    :attr:`pending` batch of a watcher stopped before, tried again once the folder is watched."""
+    :attr:`pending` batch of a watcher stopped before, tried again when it is due."""
 
     def __init__(
         self,
@@ -195,7 +207,7 @@ class Watcher:
         stop_event: threading.Event | None = None,
         retry_s: float = RETRY_FIRST_S,
         reconcile: bool = False,
-        resume: Batch | None = None,
+        resume: Pending | None = None,
     ) -> None:
         self.kb = kb
         self.on_update = on_update
@@ -206,19 +218,19 @@ class Watcher:
         """Set once the folder is watched: every change after it is seen."""
         self.retry_s = retry_s
         self.reconcile = reconcile
-        self._pending: Batch | None = resume
+        self._pending: Batch | None = resume.batch if resume else None
         """The batch that failed for a reason that may pass, until it is done or given up."""
-        self._retry_at = 0.0  # a resumed batch is due at once
-        self._tries = 0
+        self._retry_at = resume.due if resume else 0.0
+        self._tries = resume.tries if resume else 0
         """Attempts at the pending batch since its first failure, a new change joining it included."""
 
     def stop(self) -> None:
         self.stopped.set()
 
     @property
-    def pending(self) -> Batch | None:
+    def pending(self) -> Pending | None:
         """The batch waiting to be tried again, if any: what a watcher started later can ``resume``."""
-        return self._pending
+        return None if self._pending is None else Pending(self._pending, self._tries, self._retry_at)
 
     def run(self) -> None:
         """Watch until stopped (or until the folder itself is gone). Each batch is handled before the next is
@@ -284,6 +296,9 @@ class Watcher:
         steps = plan(set() if indexed is None else indexed, set(s.themes), changed, sorted({*removed, *unscannable}))
         steps.reindex = steps.reindex or batch.whole
         steps.root = steps.root or indexed is None
+        # A theme without its index (never indexed, deleted by hand) is written whole, or the index stays partial.
+        steps.subs |= {t for t in s.themes if not theme_index_path(self.kb.path, t).is_file()}
+        steps.docs = [(t, p) for t, p in steps.docs if t not in steps.subs]
         reports: list[RunReport] = []
         done: list[str] = []
         try:
@@ -302,8 +317,17 @@ class Watcher:
                     done.append(f"doc {theme}/{path}")
         except InterruptedRun:
             raise
+        except CancelledRun:
+            # Stopped mid-step (a DELETE …/watch, a shutdown): the batch is not done, whatever its failure count.
+            self._pending = batch
+            self.on_update(Update(tuple(changed), tuple(removed), tuple(done), tuple(reports), _STOPPED))
+            return
         except KindexError as exc:
             self._report(batch, tuple(done), reports, [*notes, exc.message], isinstance(exc, _MAY_PASS))
+            return
+        except Exception as exc:  # a watcher's thread must outlive a failure it did not foresee
+            problem = f"unexpected {type(exc).__name__}: {exc}"
+            self._report(batch, tuple(done), reports, [*notes, problem], True)
             return
         failures = [f for r in reports for f in r.failures]
         if failures:  # stand-in entries: the model failed on some documents after its own retries

@@ -7,6 +7,7 @@ import os
 import queue
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ import watchfiles
 from fastapi.testclient import TestClient
 
 import kindex
+import kindex.cache
 import kindex.watch
 from kindex.server import create_app
 from kindex.server.state import AgentWatch
@@ -449,3 +451,69 @@ def test_an_answer_unusable_after_a_repair_is_not_retried(sample_kb: Path, monke
     watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
     assert "unusable answer" in str(updates[-1].error) and updates[-1].retry_in is None
     assert watcher._pending is None and len([c for c in client.calls if c.label == "退款政策.md"]) == 2
+
+
+def test_a_batch_stopped_mid_step_is_kept_and_a_resumed_one_keeps_its_backoff(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stop (DELETE …/watch) cancels the step in flight: the batch was dropped as a failure that does not pass,
+    # and the service's next watcher had nothing to try, the entry stale for good.
+    holder: list[Watcher] = []
+
+    def stop_during_the_call(call: Call) -> str:
+        holder[0].stopped.set()
+        return NEW_ENTRY
+
+    watcher, updates = _driven(sample_kb, FakeClient(by_path={"退款政策.md": stop_during_the_call}), monkeypatch)
+    holder.append(watcher)
+    watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    assert "stopped before the update was done" in str(updates[-1].error)
+    pending = watcher.pending
+    assert pending is not None and pending.batch.changed == {"billing/退款政策.md"}
+    resumed = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient(doc=NEW_ENTRY)), updates.append, resume=pending)
+    resumed._handle(set())  # due: tried at once
+    assert updates[-1].error is None and entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策"
+    # A batch that failed hands on its tries and its time: stopping and starting must not skip the backoff.
+    failing = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient(doc=call_error())), updates.append)
+    failing._handle(_edit(sample_kb / "billing" / "退款政策.md", "第三版"))
+    handed = failing.pending
+    assert handed is not None and handed.due == 1000.0 + 30.0
+    calls = FakeClient(doc=call_error())
+    Watcher(kindex.KnowledgeBase(sample_kb, client=calls), updates.append, resume=handed)._handle(set())
+    assert calls.calls == []  # not due yet
+
+
+def test_an_unforeseen_error_is_reported_and_the_watcher_lives_on(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sqlite's "database or disk is full" escaped as a plain Python error and ended the watcher's thread: the CLI
+    # died with a traceback, the service showed a watch that had silently stopped.
+    watcher, updates = _driven(sample_kb, FakeClient(by_path={"退款政策.md": RuntimeError("boom")}), monkeypatch)
+    watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    assert updates[-1].error == "unexpected RuntimeError: boom" and updates[-1].retry_in == 30.0
+
+    class Full:
+        def __enter__(self) -> None: ...
+        def __exit__(self, *exc: object) -> None: ...
+
+        def execute(self, *args: object) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+    cache = kindex.cache.Cache(sample_kb)
+    monkeypatch.setattr(cache, "_connect", Full)
+    with pytest.raises(kindex.StorageError, match="database or disk is full"):
+        cache.put("k", {"title": "t"})
+
+
+def test_a_theme_without_its_index_is_written_whole(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A doc step merged the edited entry into nothing and wrote a theme index of one document; a watcher over a
+    # partly indexed KB wrote the themes it touched and left the others without an index.
+    kindex.reindex(sample_kb)
+    (sample_kb / "billing" / "index.json").unlink()
+    report = kindex.doc(sample_kb, "billing", "退款政策.md")
+    assert "billing/index.json was missing" in report.notes[0] and kindex.validate(sample_kb) == []
+    assert len(entries(sample_kb, "billing")) == 6
+    watcher, updates = _driven(sample_kb, FakeClient(), monkeypatch)
+    (sample_kb / "account" / "index.json").unlink()
+    watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    assert updates[-1].steps == ("sub account", "doc billing/退款政策.md") and kindex.validate(sample_kb) == []

@@ -11,6 +11,7 @@ import orjson
 
 from kindex.cli.index import model_opts, options_from
 from kindex.cli.options import kb_arg
+from kindex.errors import InterruptedRun
 from kindex.kb import KnowledgeBase, Settings
 from kindex.scan import kb_folder
 from kindex.watch import DEFAULT_DEBOUNCE_MS, Update, Watcher
@@ -59,7 +60,7 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     )
     try:
         watcher.run()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, InterruptedRun):  # Ctrl-C between steps, or inside one (its answers are cached)
         stop.set()
     click.echo("kindex: stopped watching; every index file is complete", err=True)
 

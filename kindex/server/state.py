@@ -19,7 +19,7 @@ from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import TaskEngine
-from kindex.watch import Batch, Update, Watcher
+from kindex.watch import Pending, Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
@@ -63,7 +63,7 @@ class ServerState:
     queued: bool = False
     """Steps run on queue workers (``kindex serve --queue``), not in this process."""
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
-    left: dict[str, Batch] = field(default_factory=dict)
+    left: dict[str, Pending] = field(default_factory=dict)
     """Per agent no longer watched: the batch its watcher had yet to try again (at most one per agent folder)."""
     gates: dict[str, AgentGate] = field(default_factory=dict)
     """Per agent whose folder exists (so bounded by the folders), made on the event loop of its first request."""
