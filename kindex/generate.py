@@ -451,9 +451,14 @@ class _Runner:
         d = self.scan.theme_doc(dir_name, rel_path)
         self.report.total = 1
         path = theme_index_path(self.scan.kb, dir_name)
-        if not clear_dir and read_index(path) is None:
-            # Merging into nothing would write a theme index of this one document and drop every other entry.
-            self.report.notes.append(f"{dir_name}/index.json was missing or unreadable: the whole theme was written")
+        held = read_index(path)
+        others = {x.path_in_theme for x in self.scan.theme_docs(dir_name)} - {d.path_in_theme}
+        if not clear_dir and (held is None or others - {x.path for x in held.documents}):
+            # Merging into a missing, unreadable or incomplete theme index would write one without the theme's other
+            # documents: the whole theme is written instead (their cached answers cost nothing).
+            self.report.notes.append(
+                f"{dir_name}/index.json was missing, unreadable or incomplete: the whole theme was written"
+            )
             await self.theme(dir_name)
             return
         previous = Index() if clear_dir else (read_index(path) or Index())

@@ -287,14 +287,20 @@ def parse_index(data: bytes) -> tuple[Index, list[str]]:
         if not isinstance(name, str) or not name:
             problems.append(f"themes[{i}] has no dir")
             continue
-        themes.append(theme_item_from(raw, name))
+        try:
+            themes.append(theme_item_from(raw, name))
+        except ValidationError:  # beyond the schema's bounds (a dir of 5,000 characters): no entry to clean
+            problems.append(f"themes[{i}] is not a usable entry")
     documents: list[DocItem] = []
     for i, raw in enumerate(_list_field(obj, "documents", problems)):
         path = raw.get("path") if isinstance(raw, dict) else None
         if not isinstance(path, str) or not path:
             problems.append(f"documents[{i}] has no path")
             continue
-        documents.append(doc_item_from(raw, path))
+        try:
+            documents.append(doc_item_from(raw, path))
+        except ValidationError:  # beyond the schema's bounds (a path of 5,000 characters): no entry to clean
+            problems.append(f"documents[{i}] is not a usable entry")
     return Index(themes=tuple(themes), documents=tuple(documents)), problems
 
 

@@ -9,6 +9,7 @@ only what its new settings change is paid). kindex's own writes (``index.json``,
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -143,8 +144,11 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
         full = Path(path)
         if change == watchfiles.Change.added and full.is_dir():
             # Files written into a new folder before its watch was set up are reported by nobody: the folder's
-            # documents are taken as added.
-            changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
+            # documents are taken as added. A hidden folder holds none; one gone again (a build's temporary tree)
+            # holds nothing any more.
+            if full.is_relative_to(root) and not any(p.startswith(".") for p in full.relative_to(root).parts):
+                with contextlib.suppress(OSError):
+                    changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
             continue
         rel = relevant(root, path)
         if rel is None and change == watchfiles.Change.deleted:
@@ -263,7 +267,12 @@ class Watcher:
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
                 return
-            self._handle(changes)
+            try:
+                self._handle(changes)
+            except InterruptedRun:
+                raise
+            except Exception as exc:  # outside a step (reading the events, the root index): said, and watched on
+                self.on_update(Update((), (), (), (), f"unexpected {type(exc).__name__}: {exc}"))
 
     def _handle(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
         """One batch of events (none: a quiet interval), and the pending batch if it is due."""

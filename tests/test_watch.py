@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 import kindex
 import kindex.cache
+import kindex.store
 import kindex.watch
 from kindex.server import create_app
 from kindex.server.state import AgentWatch
@@ -517,3 +518,57 @@ def test_a_theme_without_its_index_is_written_whole(sample_kb: Path, monkeypatch
     (sample_kb / "account" / "index.json").unlink()
     watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
     assert updates[-1].steps == ("sub account", "doc billing/退款政策.md") and kindex.validate(sample_kb) == []
+
+
+def test_a_stop_that_outlasts_its_wait_hands_the_batch_on_when_the_step_ends(
+    sample_kb: Path, recorded: queue.Queue[Update]
+) -> None:
+    # DELETE …/watch waits 30 s for the thread; a model call that took longer left the batch unread (read before the
+    # step ended), and a PUT started a second watcher beside the first.
+    started, release = threading.Event(), threading.Event()
+
+    def slow(call: Call) -> str:
+        started.set()
+        release.wait(60)
+        return NEW_ENTRY
+
+    app = create_app(sample_kb.parent, client=FakeClient(by_path={"退款政策.md": slow}))
+    agent, state = sample_kb.name, app.state.kindex
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        kindex.KnowledgeBase(sample_kb, client=FakeClient()).reindex()
+        http.put(f"/v1/agents/{agent}/knowledge/watch")
+        _edit(sample_kb / "billing" / "退款政策.md", "新版")
+        assert started.wait(60)
+        state.unwatch(agent, timeout=0.1)  # the step is still in its call
+        busy = http.put(f"/v1/agents/{agent}/knowledge/watch")
+        assert busy.status_code == 409 and "still stopping" in busy.json()["error"]["message"]
+        release.set()
+        assert "stopped before the update was done" in str(recorded.get(timeout=60).error)
+        state.stopping[agent].thread.join(60) if agent in state.stopping else None
+        assert agent in state.left
+        http.put(f"/v1/agents/{agent}/knowledge/watch")
+        assert recorded.get(timeout=60).error is None
+        assert entries(sample_kb, "billing")["退款政策.md"] == "新版退款政策"
+        http.delete(f"/v1/agents/{agent}/knowledge/watch")
+
+
+def test_a_folder_gone_before_it_is_read_and_an_entry_beyond_bounds_are_no_crash(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def vanished(self: Path, pattern: str) -> Iterator[Path]:
+        raise FileNotFoundError(self)
+
+    monkeypatch.setattr(Path, "rglob", vanished)
+    added = {(watchfiles.Change.added, str(sample_kb / "sync"))}
+    assert kindex.watch._relevant_changes(sample_kb, added) == (set(), set())
+    monkeypatch.undo()
+    kindex.reindex(sample_kb)
+    root = orjson.loads((sample_kb / "index.json").read_bytes())
+    root["documents"][0]["path"] = "x" * 5000 + ".md"
+    (sample_kb / "index.json").write_bytes(orjson.dumps(root))
+    index, problems = kindex.store.read_index_file(sample_kb / "index.json")  # was a pydantic error
+    assert len(index.documents) == len(root["documents"]) - 1 and problems == ["documents[0] is not a usable entry"]
+    # A theme index of the wrong shape holds no entry: a doc step writes the whole theme, not one entry.
+    (sample_kb / "billing" / "index.json").write_text("{}", encoding="utf-8")
+    kindex.doc(sample_kb, "billing", "退款政策.md")
+    assert len(entries(sample_kb, "billing")) == 6

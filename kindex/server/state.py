@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from kindex.errors import ForbiddenError, UnauthorizedError, UsageError
+from kindex.errors import BusyError, ForbiddenError, UnauthorizedError, UsageError
 from kindex.hosts import loopback
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
@@ -65,6 +65,8 @@ class ServerState:
     watchers: dict[str, AgentWatch] = field(default_factory=dict)
     left: dict[str, Pending] = field(default_factory=dict)
     """Per agent no longer watched: the batch its watcher had yet to try again (at most one per agent folder)."""
+    stopping: dict[str, AgentWatch] = field(default_factory=dict)
+    """Watchers told to stop whose thread has not ended yet (a step in flight)."""
     gates: dict[str, AgentGate] = field(default_factory=dict)
     """Per agent whose folder exists (so bounded by the folders), made on the event loop of its first request."""
     _handles: Handles | None = None
@@ -102,12 +104,31 @@ class ServerState:
             current = self.watchers.get(agent_id)
             if current is not None and current.thread.is_alive():
                 return current
+            stopping = self.stopping.get(agent_id)
+            if stopping is not None and stopping.thread.is_alive():
+                # Two watchers of one folder would both write; the batch it was on is handed on when it ends.
+                raise BusyError(
+                    f"agent {agent_id!r}'s previous watch is still stopping (a step in flight ends at its next "
+                    "model answer): try again in a moment"
+                )
+            self.stopping.pop(agent_id, None)
             holder: list[AgentWatch] = []
-            # What a watcher stopped before left to try again is tried at once. No reindex at the start, unlike the
-            # CLI's: the service's generator may not be the one that indexed the KB, and a PUT must not rewrite it.
+            # What a watcher stopped before left to try again is tried when due. No reindex at the start, unlike
+            # the CLI's: the service's generator may not be the one that indexed the KB, and a PUT must not rewrite
+            # it.
             resume = self.left.pop(agent_id, None)
             watcher = Watcher(kb, lambda u: holder[0].record(u), resume=resume)
-            thread = threading.Thread(target=watcher.run, name=f"kindex-watch-{agent_id}", daemon=True)
+
+            def run() -> None:
+                try:
+                    watcher.run()
+                finally:  # only once the thread ends is its pending batch final (a step may be ending)
+                    with self._lock:
+                        if watcher.pending is not None:
+                            self.left[agent_id] = watcher.pending
+                        self.stopping.pop(agent_id, None)
+
+            thread = threading.Thread(target=run, name=f"kindex-watch-{agent_id}", daemon=True)
             entry = AgentWatch(watcher, thread)
             holder.append(entry)
             self.watchers[agent_id] = entry
@@ -120,11 +141,11 @@ class ServerState:
         """Stop watching the agent's folder; a step in flight stops before its next write."""
         with self._lock:
             entry = self.watchers.pop(agent_id, None)
+            if entry is not None:
+                self.stopping[agent_id] = entry
         if entry is not None:
             entry.watcher.stop()
             entry.thread.join(timeout)
-            if entry.watcher.pending is not None:
-                self.left[agent_id] = entry.watcher.pending
 
     def unwatch_all(self) -> None:
         for agent_id in list(self.watchers):
