@@ -453,11 +453,12 @@ class _Runner:
         path = theme_index_path(self.scan.kb, dir_name)
         held = read_index(path)
         others = {x.path_in_theme for x in self.scan.theme_docs(dir_name)} - {d.path_in_theme}
-        if not clear_dir and (held is None or others - {x.path for x in held.documents}):
-            # Merging into a missing, unreadable or incomplete theme index would write one without the theme's other
-            # documents: the whole theme is written instead (their cached answers cost nothing).
+        if not clear_dir and others and (held is None or not held.documents):
+            # Merging into a missing or unreadable theme index, or one with no usable entry (``{}``), would write
+            # one without the theme's other documents: the whole theme is written instead (cached answers cost
+            # nothing). An index that lacks only some is merged into: ``--clear-dir`` builds one document at a time.
             self.report.notes.append(
-                f"{dir_name}/index.json was missing, unreadable or incomplete: the whole theme was written"
+                f"{dir_name}/index.json was missing, unreadable or empty: the whole theme was written"
             )
             await self.theme(dir_name)
             return
