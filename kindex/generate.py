@@ -462,7 +462,7 @@ class _Runner:
             )
             await self.theme(dir_name)
             return
-        previous = Index() if clear_dir else (read_index(path) or Index())
+        previous = Index() if clear_dir else (held or Index())
         item = await self._doc_entry(d, previous)
         # Re-read just before writing: the lock makes this the only writer, and the merge keeps every other entry.
         current = Index() if clear_dir else (read_index(path) or Index())

@@ -104,9 +104,16 @@ def _vanished_folder(root: Path, full: Path) -> str | None:
     return f"{parts[0]}/" if len(parts) > 1 else f"{rel}/"
 
 
-def plan(themes_before: set[str], themes_after: set[str], changed: Iterable[str], removed: Iterable[str]) -> _Plan:
-    """The smallest steps that bring the index up to date with these changes."""
-    out = _Plan()
+def plan(
+    themes_before: set[str],
+    themes_after: set[str],
+    changed: Iterable[str],
+    removed: Iterable[str],
+    unindexed: Iterable[str] = (),
+) -> _Plan:
+    """The smallest steps that bring the index up to date with these changes. ``unindexed``: themes without their
+    index file (never indexed, deleted by hand), written whole so the index is not left partial."""
+    out = _Plan(subs=set(unindexed) & themes_after)
     if themes_before != themes_after:
         out.root = True
     for rel in changed:
@@ -302,12 +309,11 @@ class Watcher:
         unscannable = [rel for rel in changed if rel != CONFIG_FILE and rel not in scanned]
         changed = [rel for rel in changed if rel not in unscannable]
         indexed = _indexed_themes(self.kb.path)
-        steps = plan(set() if indexed is None else indexed, set(s.themes), changed, sorted({*removed, *unscannable}))
+        unindexed = [t for t in s.themes if not theme_index_path(self.kb.path, t).is_file()]
+        before = set() if indexed is None else indexed
+        steps = plan(before, set(s.themes), changed, sorted({*removed, *unscannable}), unindexed)
         steps.reindex = steps.reindex or batch.whole
         steps.root = steps.root or indexed is None
-        # A theme without its index (never indexed, deleted by hand) is written whole, or the index stays partial.
-        steps.subs |= {t for t in s.themes if not theme_index_path(self.kb.path, t).is_file()}
-        steps.docs = [(t, p) for t, p in steps.docs if t not in steps.subs]
         reports: list[RunReport] = []
         done: list[str] = []
         try:

@@ -31,15 +31,17 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     """Reindex KB as its documents change, until Ctrl-C.
 
     Starts with a reindex once the folder is watched (cached answers make it cheap: it indexes what changed while
-    nothing watched), then handles each batch of changes with the smallest
-    steps: an edited or added document is one model call (its entry and its theme index, nothing else), a
-    deleted one rewrites its theme index from cached answers, a new or vanished theme re-asks the root, an edited
-    kindex.toml runs the whole pipeline. A batch ends after --debounce milliseconds without a change, so a burst
-    of saves is one update. One line per update on stdout (--json: one JSON object per line). A batch that fails
-    because the model is unreachable or overloaded (documents got stand-in entries) is tried again after 30 s,
-    then after twice as long each time (at most 10 minutes between tries; 8 tries, a new change joining it
-    counting as one), paying only for what failed. One that fails on the documents (a broken kindex.toml) or on
-    answers unusable even after a repair request waits for a change of those documents, or a restart.
+    nothing watched), then handles each batch of changes with the smallest steps: an edited or added document is
+    one model call (its entry and its theme index, nothing else), a deleted one rewrites its theme index from
+    cached answers, a new or vanished theme re-asks the root, an edited kindex.toml runs the whole pipeline. A
+    batch ends after --debounce milliseconds without a change, so a burst of saves is one update. One line per
+    update on stdout (--json: one JSON object per line).
+
+    A batch that fails because the model is unreachable or overloaded (documents got stand-in entries) is tried
+    again after 30 s, then after twice as long each time (at most 10 minutes between tries; 8 tries, a new change
+    joining it counting as one), paying only for what failed. One that fails on the documents (a broken
+    kindex.toml) or on answers unusable even after a repair request waits for a change of those documents, or a
+    restart.
 
     \b
     Example:
