@@ -45,7 +45,7 @@ from typing import Any
 
 import Stemmer
 
-ANALYZER_VERSION = 7
+ANALYZER_VERSION = 8
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -57,7 +57,8 @@ _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 """English endings cut off a word ("FastAPI's" is about FastAPI); a whole contraction may be a stop word."""
 # The parts of an identifier: camel-case humps, runs of digits. An ASCII word (nearly all) is split directly; any
 # other is split over its characters' classes (U upper, L lower, D digit, O a letter without case, S anything
-# else) by the same rules, so that letters of every script split alike: ``Zürich`` and ``café`` are one part each.
+# else; a lower-case letter without a capital of its own, ß, takes its neighbours' case) by the same rules, so that
+# letters of every script split alike: ``Zürich`` and ``café`` are one part each.
 # Regexes without nested quantifiers: linear.
 _ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
@@ -315,7 +316,9 @@ def _char_class(c: str) -> str:
     if c.isupper():
         return "U"
     if c.islower():
-        return "L"
+        # ß has no capital of its own in most text (STRAßE): it takes its neighbours' case, or it would cut the
+        # word as a lower-case hump does (str, ass).
+        return "C" if len(c.upper()) > 1 else "L"
     if c.isdigit():
         return "D"
     return "O" if c.isalpha() else "S"
@@ -325,8 +328,14 @@ def _parts(word: str) -> list[str]:
     """The parts of an identifier: camel-case humps, runs of digits, letters between separators."""
     if word.isascii():
         return _ASCII_PART.findall(word)
-    classes = "".join(map(_char_class, word))
-    return [word[m.start() : m.end()] for m in _PART.finditer(classes)]
+    classes = list(map(_char_class, word))
+    cased = next((c for c in classes if c in "UL"), "L")
+    for i, c in enumerate(classes):
+        if c == "C":
+            classes[i] = cased
+        elif c in "UL":
+            cased = c
+    return [word[m.start() : m.end()] for m in _PART.finditer("".join(classes))]
 
 
 def _fold_accents(word: str) -> str:

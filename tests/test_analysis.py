@@ -170,6 +170,12 @@ def test_letters_of_every_script_split_alike_and_lose_their_accents() -> None:
     assert analysis.analyze("がぎ 한국어 Ærø") == ["が", "ぎ", "한국어", "ærø"]
 
 
+def test_a_letter_without_a_capital_takes_its_neighbours_case() -> None:
+    # ß is lower case with no single capital: STRAßE was cut as camel case into str and ass.
+    assert analysis.analyze("STRAßE Straße MAßNAHME") == ["strass", "strass", "massnahm"]
+    assert analysis.analyze("fooßBar") == ["foossbar", "fooss", "bar"]
+
+
 def test_identifiers_are_snake_case_header_names_camel_case_or_letters_with_digits() -> None:
     assert analysis.identifier_terms("next_cursor 怎么用") == {"next_cursor": ("next", "cursor")}
     assert analysis.identifier_terms("X-Nonce 和 x-request-id") == {
