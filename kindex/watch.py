@@ -330,7 +330,11 @@ class Watcher:
                 for theme, path in steps.docs:
                     reports.append(self.kb.doc(theme, path, options=self._options()))
                     done.append(f"doc {theme}/{path}")
-        except InterruptedRun:
+        except InterruptedRun as exc:
+            # Ctrl-C ends the watch: the interrupted batch is said, and the next watch's reindex picks it up.
+            self.stopped.set()
+            update = Update(tuple(changed), tuple(removed), tuple(done), (*reports, exc.report), _STOPPED)
+            self.on_update(update)
             raise
         except CancelledRun:
             # Stopped mid-step (a DELETE …/watch, a shutdown): the batch is not done, whatever its failure count.

@@ -259,13 +259,13 @@ def test_the_service_refuses_to_watch_a_broken_config_and_reports_a_removed_fold
 def test_a_failed_update_is_printed_as_failed_not_as_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
     from kindex.cli.watch import _emit
 
-    _emit(Update(("billing/退款政策.md",), (), (), (), "no connection after 5 attempts: cannot connect"), False)
+    _emit(Update(("billing/退款政策.md",), (), (), (), "no connection after 5 attempts: cannot connect"), False, False)
     out, err = capsys.readouterr()
     assert out == "billing/退款政策.md -> failed: 0 model calls\n"
     assert "kindex: no connection after 5 attempts: cannot connect (a change of these documents, or a restart" in err
-    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), False)
+    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), False, False)
     assert "kindex: cannot connect (trying again in 30 s)" in capsys.readouterr().err
-    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), True)
+    _emit(Update(("a/b.md",), (), (), (), "cannot connect", retry_in=30.0), True, False)
     assert orjson.loads(capsys.readouterr().out)["retry_in"] == 30.0
 
 
@@ -482,6 +482,24 @@ def test_a_batch_stopped_mid_step_is_kept_and_a_resumed_one_keeps_its_backoff(
     calls = FakeClient(doc=call_error())
     Watcher(kindex.KnowledgeBase(sample_kb, client=calls), updates.append, resume=handed)._handle(set())
     assert calls.calls == []  # not due yet
+
+
+def test_a_batch_interrupted_by_ctrl_c_is_said_before_the_watch_ends(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C inside a step ended the watch without a line for the batch it interrupted.
+    from kindex.cli.watch import _emit
+
+    watcher, updates = _driven(sample_kb, FakeClient(by_path={"退款政策.md": KeyboardInterrupt()}), monkeypatch)
+    with pytest.raises(kindex.InterruptedRun):
+        watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
+    last = updates[-1]
+    assert last.changed == ("billing/退款政策.md",) and "stopped before the update was done" in str(last.error)
+    assert watcher.stopped.is_set() and kindex.validate(sample_kb) == []
+    _emit(last, False, True)
+    out, err = capsys.readouterr()
+    assert out.startswith("billing/退款政策.md -> ")
+    assert err == f"kindex: {last.error}\n"  # when it is tried again, said once
 
 
 def test_an_unforeseen_error_is_reported_and_the_watcher_lives_on(

@@ -54,7 +54,7 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     stop = threading.Event()
     watcher = Watcher(
         handle,
-        lambda u: _emit(u, as_json),
+        lambda u: _emit(u, as_json, stop.is_set()),
         debounce_ms=debounce,
         stop_event=stop,
         on_ready=lambda: click.echo(f"kindex: watching {kb} (Ctrl-C to stop)", err=True),
@@ -67,7 +67,7 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     click.echo("kindex: stopped watching; every index file is complete", err=True)
 
 
-def _emit(update: Update, as_json: bool) -> None:
+def _emit(update: Update, as_json: bool, stopping: bool) -> None:
     if as_json:
         line = {
             "changed": update.changed,
@@ -87,7 +87,9 @@ def _emit(update: Update, as_json: bool) -> None:
         )
         wrote = f", wrote {', '.join(update.written)}" if update.written else ""
         click.echo(f"{what} -> {done}{wrote}")
-        if update.error:
+        if update.error and stopping:  # the error says when it is tried again
+            click.echo(f"kindex: {update.error}", err=True)
+        elif update.error:
             again = (
                 "a change of these documents, or a restart of the watch, tries again"
                 if update.retry_in is None
