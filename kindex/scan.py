@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,9 @@ from kindex.results import Skipped
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
+MAX_FOLDER_DEPTH = 32
+"""Folders nested deeper below the KB are not scanned (said in ``skipped``): no documentation tree is that deep,
+and a generated or hostile one (1,000 levels) must not exhaust the walk."""
 
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
@@ -135,8 +138,7 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
     warnings: list[Skipped] = []
     root_docs: list[ScannedDoc] = []
     themes: dict[str, list[ScannedDoc]] = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        here = Path(dirpath)
+    for here, depth, dirnames, filenames in walk(root):
         rel_dir = here.relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
         kept_dirs = []
@@ -147,6 +149,9 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
                 skipped.append(Skipped(path=_show(rel_dir + name), reason="folder name is not valid UTF-8"))
             elif (here / name).is_symlink():
                 skipped.append(Skipped(path=rel_dir + name, reason="symlinked folder: not followed"))
+            elif depth >= MAX_FOLDER_DEPTH:
+                reason = f"folder nested deeper than {MAX_FOLDER_DEPTH} levels: not scanned"
+                skipped.append(Skipped(path=_show(rel_dir + name), reason=reason))
             else:
                 kept_dirs.append(name)
         dirnames[:] = kept_dirs
@@ -182,6 +187,34 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
         warnings=tuple(warnings),
         excerpt_chars=excerpt_chars,
     )
+
+
+def walk(top: Path, max_depth: int = MAX_FOLDER_DEPTH) -> Iterator[tuple[Path, int, list[str], list[str]]]:
+    """``os.walk(top, followlinks=False)`` top-down without recursion, as (folder, its depth below ``top``, its
+    folder names, its file names), never below ``max_depth``. Pruning the folder names in place prunes the walk, as
+    with ``os.walk``; a symlinked folder is listed but not entered; an unreadable folder is passed over. Python
+    3.11's ``os.walk`` recurses once per level, so a tree 1,000 folders deep raised ``RecursionError``."""
+    stack = [(top, 0)]
+    while stack:
+        here, depth = stack.pop()
+        dirnames: list[str] = []
+        filenames: list[str] = []
+        links: set[str] = set()
+        try:
+            with os.scandir(here) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir()
+                        if is_dir and entry.is_symlink():
+                            links.add(entry.name)
+                    except OSError:
+                        is_dir = False
+                    (dirnames if is_dir else filenames).append(entry.name)
+        except OSError:
+            continue
+        yield here, depth, dirnames, filenames
+        if depth < max_depth:
+            stack.extend((here / name, depth + 1) for name in reversed(dirnames) if name not in links)
 
 
 def _scan_file(

@@ -17,7 +17,7 @@ from typing import Any
 
 from kindex.records import INDEX_FILE, THEME_TAGS_MAX, ThemeItem, clean_tags, clean_text
 from kindex.results import Context, SkillClosure
-from kindex.scan import split_frontmatter
+from kindex.scan import split_frontmatter, walk
 
 SKILL_FILE = "SKILL.md"
 NAME = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -232,10 +232,10 @@ def package_files(folder: Path) -> list[tuple[str, Path]]:
     if folder.is_symlink():
         return []
     out = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+    for here, _, dirnames, filenames in walk(folder):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
-            path = Path(dirpath) / name
+            path = here / name
             if name.startswith(".") or name == INDEX_FILE or path.is_symlink() or not path.is_file():
                 continue
             out.append((path.relative_to(folder).as_posix(), path))

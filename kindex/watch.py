@@ -9,7 +9,6 @@ only what its new settings change is paid). kindex's own writes (``index.json``,
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,7 +23,7 @@ from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
-from kindex.scan import scan
+from kindex.scan import scan, walk
 from kindex.store import read_index, root_index_path, theme_index_path
 
 DEFAULT_DEBOUNCE_MS = 1600
@@ -154,8 +153,9 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
             # documents are taken as added. A hidden folder holds none; one gone again (a build's temporary tree)
             # holds nothing any more.
             if full.is_relative_to(root) and not any(p.startswith(".") for p in full.relative_to(root).parts):
-                with contextlib.suppress(OSError):
-                    changed.update(r for f in full.rglob("*.md") if (r := relevant(root, str(f))) is not None)
+                for here, _, dirnames, filenames in walk(full):
+                    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                    changed.update(r for name in filenames if (r := relevant(root, str(here / name))) is not None)
             continue
         rel = relevant(root, path)
         if rel is None and change == watchfiles.Change.deleted:

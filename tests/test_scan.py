@@ -98,6 +98,36 @@ def test_bad_files_are_skipped_or_warned_with_reasons(tmp_path: Path) -> None:
     assert all("secret outside" not in d.excerpt for d in s.documents)
 
 
+def test_a_tree_a_thousand_folders_deep_is_scanned_to_its_bound(tmp_path: Path) -> None:
+    # Python 3.11's os.walk recurses per level: preview, reindex and validate died with a RecursionError.
+    from kindex.scan import MAX_FOLDER_DEPTH as BOUND
+    from kindex.skillmodel import package_files
+
+    kb = tmp_path / "kb"
+    write(kb / "t" / "a.md", "# a\n\ntext")
+    chain = [kb / "t" / "d"]
+    for _ in range(999):
+        chain.append(chain[-1] / "d")
+    for folder in chain:  # os.makedirs recurses too, and so does shutil.rmtree: pytest's cleanup would fail
+        folder.mkdir()
+    write(chain[-1] / "deep.md", "# deepest")
+    write(chain[BOUND - 2] / "kept.md", "# kept")
+    try:
+        s = kindex.scan(kb)
+        skipped = "t/" + "/".join(["d"] * BOUND)
+        assert [(x.path, x.reason) for x in s.skipped] == [
+            (skipped, f"folder nested deeper than {BOUND} levels: not scanned")
+        ]
+        assert [d.rel for d in s.documents] == ["t/a.md", "t/" + "d/" * (BOUND - 1) + "kept.md"]
+        kindex.reindex(kb)
+        assert kindex.validate(kb) == []
+        assert [rel for rel, _ in package_files(kb / "t")] == ["a.md", "d/" * (BOUND - 1) + "kept.md"]
+    finally:
+        (chain[-1] / "deep.md").unlink()
+        for folder in reversed(chain[BOUND - 1 :]):
+            folder.rmdir()
+
+
 def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: Path) -> None:
     with pytest.raises(KBNotFoundError, match="does not exist"):
         kindex.scan(tmp_path / "nope")

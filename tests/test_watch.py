@@ -573,10 +573,10 @@ def test_a_stop_that_outlasts_its_wait_hands_the_batch_on_when_the_step_ends(
 def test_a_folder_gone_before_it_is_read_and_an_entry_beyond_bounds_are_no_crash(
     sample_kb: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def vanished(self: Path, pattern: str) -> Iterator[Path]:
-        raise FileNotFoundError(self)
+    def vanished(path: object) -> Iterator[os.DirEntry[str]]:
+        raise FileNotFoundError(path)
 
-    monkeypatch.setattr(Path, "rglob", vanished)
+    monkeypatch.setattr(os, "scandir", vanished)
     added = {(watchfiles.Change.added, str(sample_kb / "sync"))}
     assert kindex.watch._relevant_changes(sample_kb, added) == (set(), set())
     monkeypatch.undo()
