@@ -41,10 +41,11 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def _write_replace(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        keep_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        keep_mode = None
+    keep_mode: int | None = None
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        # Only a regular file's mode: a symlink's (0o777) or a device's (/dev/zero: 0o666) would open the index.
+        keep_mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -85,15 +86,20 @@ def index_bytes(path: Path) -> bytes:
     folder in its place, :class:`InvalidFileError` for a special file or an absurd size, another ``OSError``
     when it cannot be read.
     """
-    st = os.stat(path)
-    if stat.S_ISDIR(st.st_mode):
-        raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
-    if not stat.S_ISREG(st.st_mode):
-        raise InvalidFileError(f"{path.name} is not a regular file")
-    if st.st_size > MAX_INDEX_BYTES:
-        raise InvalidFileError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
-    with open(path, "rb") as fh:
-        return fh.read(MAX_INDEX_BYTES + 1)
+    # Opened before it is looked at, without waiting for a FIFO's writer: what is read is what was checked.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidFileError(f"{path.name} is not a regular file")
+        if st.st_size > MAX_INDEX_BYTES:
+            raise InvalidFileError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(MAX_INDEX_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def read_index_file(path: Path) -> tuple[Index, list[str]]:
@@ -121,9 +127,9 @@ def write_index(path: Path, index: Index) -> bool:
     """
     data = index.to_json()
     try:
-        if path.read_bytes() == data:
+        if index_bytes(path) == data:
             return False
-    except OSError:
-        pass
+    except (OSError, InvalidFileError, IndexMissingError):
+        pass  # none, or nothing kindex wrote (a FIFO, a device): replaced
     atomic_write(path, data)
     return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 import zipfile
@@ -92,6 +93,28 @@ def test_a_fifo_in_place_of_a_document_or_a_table_never_blocks(indexed: Path) ->
     ctx = kindex.build_context(indexed, "退款多久到账")  # would hang forever if either FIFO were opened
 
     assert "billing/退款政策.md" in ctx.missing and ctx.items and ctx.text
+
+
+def test_a_fifo_or_a_device_in_place_of_an_index_file_is_replaced_not_read(indexed: Path) -> None:
+    # reindex compared the new index with the old file's bytes: a FIFO there blocked it forever, holding the
+    # KB's write lock; a symlink to /dev/zero read until memory ran out, and its mode (0o666) was kept.
+    (indexed / "billing" / "index.json").unlink()
+    os.mkfifo(indexed / "billing" / "index.json")
+    (indexed / "index.json").unlink()
+    os.mkfifo(indexed / "index.json")
+    (indexed / "sync" / "index.json").unlink()
+    (indexed / "sync" / "index.json").symlink_to("/dev/zero")
+
+    report = kindex.reindex(indexed)
+
+    assert sorted(report.written) == ["billing/index.json", "index.json", "sync/index.json"]
+    assert kindex.validate(indexed) == []
+    for written in report.written:
+        st = (indexed / written).lstat()
+        assert (
+            stat.S_ISREG(st.st_mode)
+            and st.st_mode & 0o077 == os.stat(indexed / "account" / "index.json").st_mode & 0o077
+        )
 
 
 def test_the_context_is_never_empty(indexed: Path) -> None:
