@@ -131,6 +131,14 @@ class LiteLLMClient:
         settings.check()
         self.settings = settings
         self._litellm = import_litellm()
+        try:
+            self._litellm.get_llm_provider(settings.model)
+        except Exception:  # litellm's BadRequestError: it cannot tell which provider the string names
+            raise UsageError(
+                f"model {settings.model!r} names no provider litellm knows: write it as provider/model, e.g. "
+                "openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, ollama/qwen2.5 (a local OpenAI-compatible "
+                "server: openai/NAME with --api-base)"
+            ) from None
         import httpx  # litellm's own transport dependency, loaded with it
 
         self._httpx = httpx
@@ -242,7 +250,7 @@ class LiteLLMClient:
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue
-            except lt.APIError as exc:
+            except (lt.APIError, lt.BadRequestError) as exc:  # a 400 (a document too long for the model): this call
                 raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt) from None
             usage = getattr(response, "usage", None)
             prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

@@ -114,6 +114,36 @@ def test_persistent_server_errors_fail_documents_but_not_the_run(sample_kb: Path
     assert kindex.validate(sample_kb) == []
 
 
+def test_a_model_string_without_a_provider_is_a_usage_error_not_a_traceback(sample_kb: Path) -> None:
+    # litellm's BadRequestError ("LLM Provider NOT provided") escaped as a 60-line traceback.
+    from click.testing import CliRunner
+
+    from kindex.cli import main
+
+    for command in (["reindex"], ["reindex", "--dry-run"]):
+        result = CliRunner().invoke(main, [*command, str(sample_kb), "--model", "mymodel"])
+        assert result.exit_code == 2 and result.stdout == ""
+        assert "Error: model 'mymodel' names no provider litellm knows: write it as provider/model" in result.stderr
+    assert not (sample_kb / "index.json").exists()
+
+
+def test_a_bad_request_fails_that_document_not_the_run(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    # A 400 (a document too long for the model's context) is not one of litellm's APIErrors: it ended the run
+    # with a traceback.
+    def script(request: dict[str, Any]) -> Reply:
+        if not is_root(request) and doc_path(request) == "离线模式.md":
+            return Reply('{"error": {"message": "maximum context length exceeded"}}', status=400)
+        return well_behaved(request)
+
+    fake_llm.script = script
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm, retries=1)))
+
+    assert [f.path for f in report.failures] == ["sync/离线模式.md"]
+    assert "BadRequestError" in report.failures[0].reason and "HTTP 400" in report.failures[0].reason
+    assert len(fake_llm.requests) == 19  # not retried: the same request would be refused again
+    assert kindex.validate(sample_kb) == []
+
+
 def test_a_missing_api_key_stops_at_once_naming_the_variable(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     from click.testing import CliRunner
