@@ -38,7 +38,9 @@ CLI and the server map errors from these attributes alone. The message says what
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
 
 if TYPE_CHECKING:  # type-only: a report is a record of the layer above, and errors sit below every layer
     from kindex.generators import Usage
@@ -237,6 +239,24 @@ class PayloadTooLargeError(HttpError):
 class InternalError(HttpError):
     code = "internal_error"
     http_status = 500
+
+
+def missing_extra(what: str, extra: str, exc: ImportError) -> KindexError:
+    """The error for an optional part of kindex that is not installed (``exc``: the failed import), saying how to
+    add it the way kindex itself was installed. Not ``pip install 'kindex[extra]'``: PyPI's ``kindex`` is another
+    project, which that command would install in this one's place."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    source = None
+    try:
+        recorded = distribution("kindex").read_text("direct_url.json")  # pip's record of a local install
+        url = urlparse(json.loads(recorded)["url"]) if recorded else None
+        if url is not None and url.scheme == "file":
+            source = unquote(url.path)
+    except (PackageNotFoundError, ValueError, KeyError, TypeError):
+        pass
+    how = f"pip install '{source}[{extra}]'" if source else f"pip install '.[{extra}]' in kindex's source folder"
+    return KindexError(f"{what} needs kindex's {extra} extra ({exc.name} is missing): {how}")
 
 
 def status_of(code: str) -> int:

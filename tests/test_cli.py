@@ -160,3 +160,29 @@ def test_help_preview_and_validate_never_import_litellm(sample_kb: Path) -> None
         [sys.executable, "-c", probe, str(sample_kb)], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_a_missing_extra_is_named_with_an_install_command_for_this_kindex(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The advice was `pip install 'kindex[server]'`, which installs PyPI's kindex: another project, in this one's
+    # place.
+    import importlib.metadata
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # an import of it fails, as without the extra
+
+    class Installed:
+        def __init__(self, record: str | None) -> None:
+            self.record = record
+
+        def read_text(self, name: str) -> str | None:
+            return self.record if name == "direct_url.json" else None
+
+    for record, advice in [
+        ('{"url": "file:///src/my%20kindex", "dir_info": {}}', "pip install '/src/my kindex[server]'"),
+        (None, "pip install '.[server]' in kindex's source folder"),
+    ]:
+        monkeypatch.setattr(importlib.metadata, "distribution", lambda name, r=record: Installed(r))
+        result = CliRunner().invoke(main, ["serve", "--kb-root", str(tmp_path)])
+        assert result.exit_code == 1
+        assert result.stderr == f"Error: the HTTP service needs kindex's server extra (uvicorn is missing): {advice}\n"

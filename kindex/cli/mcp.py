@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from kindex.errors import KindexError, UsageError
+from kindex.errors import UsageError, missing_extra
 
 
 @click.command("mcp")
@@ -41,9 +41,7 @@ def mcp_cmd(kb: str | None, kb_root: str | None, use_http: bool, host: str, port
 
         from kindex.mcpserver import Library, build_server, http_app
     except ImportError as exc:
-        raise KindexError(
-            f"the MCP server needs its extra ({exc.name} is missing): pip install 'kindex[mcp]'"
-        ) from None
+        raise missing_extra("the MCP server", "mcp", exc) from None
     # stdout is the protocol over stdio: every log line goes to stderr, one per line.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="kindex-mcp %(levelname)s %(message)s")
     server = build_server(Library(kb=kb, kb_root=kb_root))

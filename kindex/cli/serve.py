@@ -12,7 +12,7 @@ import click
 
 from kindex.cli.index import concurrency_opt
 from kindex.cli.options import kb_root_opt
-from kindex.errors import KindexError, UsageError
+from kindex.errors import KindexError, UsageError, missing_extra
 from kindex.hosts import loopback
 from kindex.jsonlog import LOG_CONFIG
 
@@ -52,9 +52,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
 
         from kindex.server import create_app
     except ImportError as exc:
-        raise KindexError(
-            f"the HTTP service needs its extra ({exc.name} is missing): pip install 'kindex[server]'"
-        ) from None
+        raise missing_extra("the HTTP service", "server", exc) from None
     logging.config.dictConfig(LOG_CONFIG)
     app = create_app(kb_root, token=token, host=host, concurrency=concurrency, queue=queue)
     auth = "bearer token required" if token else "no token: loopback only"
@@ -159,7 +157,7 @@ def worker(
         from kindex.queue.ratelimit import parse_limits
         from kindex.queue.worker import WorkerConfig, run_worker
     except ImportError as exc:
-        raise KindexError(f"the worker needs its extra ({exc.name} is missing): pip install 'kindex[queue]'") from None
+        raise missing_extra("the worker", "queue", exc) from None
     logging.config.dictConfig(LOG_CONFIG)
     logging.captureWarnings(True)  # Celery's warning about running as root would be a plain-text line
     specs = [part for spec in rate_limits for part in spec.split()]

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 
 import kindex
-from kindex.errors import UsageError
+from kindex.errors import UsageError, missing_extra
 from kindex.hosts import loopback
 from kindex.kb import Settings
 from kindex.llm import LLMClient, LLMSettings
@@ -75,8 +75,7 @@ def create_app(
         try:
             from kindex.server.queued import QueuedTasks
         except ImportError as exc:
-            need = f"queue mode needs its extra ({exc.name} is missing)"
-            raise UsageError(f"{need}: pip install 'kindex[queue]'") from None
+            raise missing_extra("queue mode", "queue", exc) from None
         tasks = QueuedTasks(queue)
     # Each agent's settings: these flags > the environment > the agent's kindex.toml > defaults.
     flags: dict[str, Any] = {k: v for k, v in asdict(llm).items() if v is not None} if llm is not None else {}
