@@ -925,6 +925,10 @@ class Retriever:
         if not ctx.items:  # nothing could be read, not even the overview documents: the root index speaks
             retry = _assemble(root, loaded, [_overview_hit()], max_docs, True, ctx.reason, budget_tokens, scored)
             ctx = retry.model_copy(update={"missing": ctx.missing})
+        elif ctx.fallback and all(item.reason != "fallback" for item in ctx.items):
+            # The documents the paths bring in took the whole budget: no overview document to announce.
+            reason = "no document matched the question; the documents its paths bring in left no room for the overview"
+            ctx = ctx.model_copy(update={"reason": reason})
         return ctx
 
 

@@ -111,6 +111,12 @@ def test_glob_entries_enter_only_with_a_matching_path(indexed: Path) -> None:
     ):
         assert ctx.items[0].path == rule
         assert ctx.items[0].reason == "scope glob **/*.tsx"
+    # Off topic, with a budget the rule fills: no overview document came, and the reason must not announce one.
+    small = kindex.build_context(indexed, "改一下 src/App.tsx 的金额组件", budget_tokens=100)
+    assert small.fallback and [i.path for i in small.items] == [rule]
+    assert small.reason == (
+        "no document matched the question; the documents its paths bring in left no room for the overview"
+    )
 
 
 def test_budget_is_respected_and_a_long_document_gives_its_head_and_matching_sections(indexed: Path) -> None:
