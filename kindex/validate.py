@@ -37,8 +37,8 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
             elif t.get("index_file") != f"{t['dir']}/{INDEX_FILE}":
                 problems.append(f"{INDEX_FILE}: theme {t['dir']!r} has index_file {t.get('index_file')!r}")
         for name in sorted(set(s.themes) - set(dirs)):
-            problems.append(f"{INDEX_FILE}: theme {name!r} has no entry")
-        problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs})
+            problems.append(f"{INDEX_FILE}: theme {name!r} has no entry (run `kindex root KB`)")
+        problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs}, "kindex root KB")
     for name, docs in s.themes.items():
         label = f"{name}/{INDEX_FILE}"
         index = _load(theme_index_path(s.kb, name), label, problems)
@@ -47,7 +47,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         if _list(index, "themes"):
             problems.append(f"{label}: 'themes' must be empty in a theme index")
         problems += _entries(index, label, "documents", "path")
-        problems += _coverage(index, label, {d.path_in_theme for d in docs})
+        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {name}")
     return problems
 
 
@@ -87,14 +87,16 @@ def _entries(obj: dict[str, Any], label: str, key: str, id_field: str) -> list[s
     return []
 
 
-def _coverage(obj: dict[str, Any], label: str, scanned: set[str]) -> list[str]:
+def _coverage(obj: dict[str, Any], label: str, scanned: set[str], fix: str) -> list[str]:
+    """Entries for documents the scan does not have, and documents without an entry, each with the step (``fix``)
+    that rewrites that index from the scan (cached answers are not paid again)."""
     problems = []
     paths = [d.get("path") for d in _list(obj, "documents")]
     for path, n in Counter(paths).items():
         if n > 1:
             problems.append(f"{label}: document {path!r} has {n} entries")
         if path not in scanned:
-            problems.append(f"{label}: document {path!r} is not a scanned document here")
+            problems.append(f"{label}: document {path!r} is not a scanned document here (run `{fix}`)")
     for path in sorted(scanned - set(paths)):
-        problems.append(f"{label}: scanned document {path!r} has no entry")
+        problems.append(f"{label}: scanned document {path!r} has no entry (run `{fix}`)")
     return problems

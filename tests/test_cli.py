@@ -66,7 +66,7 @@ def test_validate_lists_problems_and_exits_1(sample_kb: Path) -> None:
     assert code == 1
     assert "index.json: theme 'account' has no entry" in out
     assert "billing/index.json: not valid JSON" in out
-    assert "sync/index.json: scanned document '新增.md' has no entry" in out
+    assert "sync/index.json: scanned document '新增.md' has no entry (run `kindex sub KB sync`)" in out
     assert err == "kindex: 3 problem(s) found\n"
 
 
