@@ -203,6 +203,7 @@ def _run(
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
         runner.report.skipped = list(s.skipped)
+        runner.report.notes.extend(f"{w.path}: {w.reason}" for w in s.warnings)  # said by preview only, before
         try:
             _run_to_end(lambda: runner.run(body))
         except KeyboardInterrupt:

@@ -96,6 +96,9 @@ def test_bad_files_are_skipped_or_warned_with_reasons(tmp_path: Path) -> None:
     ]
     assert [d.path_in_theme for d in s.themes["t"]] == ["broken.md", "inside-link.md"]
     assert all("secret outside" not in d.excerpt for d in s.documents)
+    # A step says the warnings too: only preview did, and reindex's report was silent.
+    notes = kindex.reindex(kb).notes
+    assert "t/broken.md: frontmatter is not valid YAML at line 3: ignored, the body is indexed" in notes
 
 
 def test_a_tree_a_thousand_folders_deep_is_scanned_to_its_bound(tmp_path: Path) -> None:
