@@ -358,11 +358,13 @@ def check_agent_id(agent_id: str) -> None:
 
 def agent_folder(kb_root: Path, agent_id: str) -> Path:
     """The knowledge folder of ``agent_id`` under ``kb_root``: :class:`UsageError` for an id that cannot be one,
-    :class:`KBNotFoundError` when the agent has no folder (a symlink out of ``kb_root`` counts as none)."""
+    :class:`KBNotFoundError` when the agent has no folder. A symlink counts only if it leads to a folder directly
+    under ``kb_root`` (another agent's name for the same KB): one to ``kb_root`` itself would index and serve every
+    agent's folder, one into another agent's folder a part of it, one out of ``kb_root`` anything."""
     check_agent_id(agent_id)
     root = kb_root.resolve()
     kb = (root / agent_id).resolve()
-    if not kb.is_relative_to(root) or not kb.is_dir():
+    if kb.parent != root or not kb.is_dir():
         raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder")
     return kb
 

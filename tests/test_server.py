@@ -152,12 +152,32 @@ def test_hostile_and_wrong_requests_get_stable_json_errors(
     assert "Traceback" not in r.text
 
 
+def test_a_body_that_is_no_json_object_says_so(app: FastAPI) -> None:
+    # The answers were "body.0: JSON decode error" and "body: Input should be a valid dictionary or object to
+    # extract fields from".
+    for content, headers, message in [
+        (b"{bad", {"Content-Type": "application/json"}, "the body is not valid JSON (Expecting property name"),
+        (b'{"message": "hi"}', {}, "the body must be a JSON object, sent with Content-Type: application/json"),
+        (b"[1, 2]", {"Content-Type": "application/json"}, "the body must be a JSON object, sent with Content-Type"),
+    ]:
+        r = call(app, "POST", f"{BASE}/context", content=content, headers=headers)
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith(message), r.text
+
+
 def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path: Path, app: FastAPI) -> None:
     outside = tmp_path / "outside"
     shutil.copytree(SAMPLE_KB, outside)
     (kb_root / "evil").symlink_to(outside, target_is_directory=True)
     r = call(app, "GET", "/v1/agents/evil/knowledge/reindex/preview")
     assert r.status_code == 404 and r.json()["error"]["code"] == "kb_not_found"
+    # Nor lead to the root itself (its reindex overwrote agent1's root index and its context served every
+    # agent's documents), nor into another agent's folder. A second name for an agent's folder is one.
+    (kb_root / "root").symlink_to(".", target_is_directory=True)
+    (kb_root / "part").symlink_to("agent1/billing", target_is_directory=True)
+    (kb_root / "alias").symlink_to("agent1", target_is_directory=True)
+    for agent, status in (("root", 404), ("part", 404), ("alias", 200)):
+        r = call(app, "GET", f"/v1/agents/{agent}/knowledge/reindex/preview")
+        assert r.status_code == status, (agent, r.text)
 
 
 def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:

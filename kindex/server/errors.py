@@ -72,7 +72,15 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()))
+        loc = tuple(first.get("loc", ()))
+        if first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return error_response(UsageError(f"the body is not valid JSON ({detail}): send a JSON object"))
+        if loc == ("body",) and first.get("type") in ("model_attributes_type", "dict_type"):
+            # FastAPI reads a body without Content-Type: application/json as text, which is no object.
+            message = "the body must be a JSON object, sent with Content-Type: application/json"
+            return error_response(UsageError(message))
+        where = ".".join(str(x) for x in loc)
         return error_response(UsageError(f"{where}: {first.get('msg', 'invalid')}"))
 
     @app.exception_handler(StarletteHTTPException)
