@@ -124,6 +124,9 @@ Tag = Annotated[str, StringConstraints(min_length=1, max_length=TAG_MAX, pattern
 Question = Annotated[str, StringConstraints(min_length=1, max_length=QUESTION_MAX, pattern=_TEXT)]
 Glob = Annotated[str, StringConstraints(min_length=1, max_length=GLOB_MAX, pattern=_TEXT)]
 RelPath = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX)]
+# A theme is a first-level folder the scan takes: one name, not hidden, so never "." or ".." (a hand-edited index
+# must not send a reader out of its folder).
+ThemeDir = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX, pattern=r"^[^./][^/]*$")]
 
 
 class DocItem(BaseModel):
@@ -160,7 +163,7 @@ class ThemeItem(BaseModel):
 
     model_config = _RECORD
 
-    dir: RelPath
+    dir: ThemeDir
     title: Title
     summary: ThemeSummary
     tags: Annotated[tuple[Tag, ...], Field(max_length=THEME_TAGS_MAX)] = ()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI
 
@@ -18,6 +19,7 @@ import kindex
 from kindex import LLMSettings
 from kindex.server import create_app
 from kindex.server.errors import MAX_BODY_BYTES
+from kindex.store import read_index_file
 from tests.conftest import SAMPLE_KB
 from tests.fakellm import FakeLLM, Reply, well_behaved
 
@@ -150,6 +152,21 @@ def test_hostile_and_wrong_requests_get_stable_json_errors(
     r = call(app, method, url, json=body)
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
     assert "Traceback" not in r.text
+
+
+def test_a_theme_index_is_served_only_for_a_scanned_theme(kb_root: Path, app: FastAPI) -> None:
+    # A root index listing a theme ".." (hand-edited or damaged) made GET …/index/.. serve <kb-root>/index.json,
+    # a file outside the agent's folder.
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    (kb_root / "index.json").write_text('{"version": 1, "themes": [], "documents": []}', encoding="utf-8")
+    root = orjson.loads((kb_root / "agent1" / "index.json").read_bytes())
+    root["themes"].append({"dir": "..", "title": "x", "summary": "x"})
+    (kb_root / "agent1" / "index.json").write_bytes(orjson.dumps(root))
+    r = call(app, "GET", f"{BASE}/index/%2E%2E")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_a_theme", r.text
+    _, problems = read_index_file(kb_root / "agent1" / "index.json")
+    assert problems == ["themes[4] is not a usable entry"]
+    assert call(app, "GET", f"{BASE}/index/billing").status_code == 200
 
 
 def test_a_body_that_is_no_json_object_says_so(app: FastAPI) -> None:

@@ -123,7 +123,7 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
         raise IndexMissingError("this KB has no index yet: POST …/knowledge/reindex first") from None
     if dir_name is None:
         return root
-    if dir_name not in {t.dir for t in root.themes}:
+    if dir_name not in {t.dir for t in root.themes} or dir_name not in scan(kb).themes:
         raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
     try:
         sub, _ = read_index_file(kb / dir_name / INDEX_FILE)
