@@ -17,6 +17,7 @@ from kindex.globs import any_match
 from kindex.markdown import headings
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
+from kindex.store import read_regular
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
@@ -110,8 +111,16 @@ class Scan:
         return doc
 
     def read_text(self, doc: ScannedDoc) -> str:
-        """The document's meaningful text (frontmatter and HTML comments dropped), read afresh from disk."""
-        text, _ = _decode(self.kb / doc.rel)
+        """The document's meaningful text (frontmatter and HTML comments dropped) as the scan saw it: read again
+        from disk, or, when it changed, vanished or became unreadable since (an editor's save, a ``git
+        checkout`` during a run), the excerpt the scan kept. One changed document must not end a run; the next
+        run (or the watcher) indexes it as it is now."""
+        try:
+            text, digest = _decode(self.kb / doc.rel)
+        except (OSError, InvalidFileError):
+            return doc.excerpt
+        if digest != doc.sha256:
+            return doc.excerpt
         _, body, _ = split_frontmatter(text)
         return clean_body(body)
 
@@ -267,7 +276,9 @@ def _scan_file(
 
 
 def _decode(path: Path) -> tuple[str, str]:
-    data = path.read_bytes()
+    data = read_regular(path, MAX_DOC_BYTES)
+    if len(data) > MAX_DOC_BYTES:
+        raise InvalidFileError(f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
     if b"\x00" in data:
         raise InvalidFileError("contains NUL bytes: not a text document")
     try:

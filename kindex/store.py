@@ -79,6 +79,27 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 """An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit + 1`` of them (the caller tells too large).
+
+    Opened before it is looked at, without waiting for a FIFO's writer, so what is read is what was checked,
+    whatever replaced the file since someone else looked. Raises :class:`InvalidFileError` for a folder or a
+    special file (a FIFO would block, ``/dev/zero`` never ends) or more than ``limit`` bytes, ``OSError`` when
+    it cannot be read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidFileError(f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise InvalidFileError(f"{path.name} is larger than {limit // 2**20} MiB")
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def index_bytes(path: Path) -> bytes:
     """An index file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large.
 
@@ -86,20 +107,9 @@ def index_bytes(path: Path) -> bytes:
     folder in its place, :class:`InvalidFileError` for a special file or an absurd size, another ``OSError``
     when it cannot be read.
     """
-    # Opened before it is looked at, without waiting for a FIFO's writer: what is read is what was checked.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidFileError(f"{path.name} is not a regular file")
-        if st.st_size > MAX_INDEX_BYTES:
-            raise InvalidFileError(f"{path.name} is larger than {MAX_INDEX_BYTES // 2**20} MiB")
-        with open(fd, "rb", closefd=False) as fh:
-            return fh.read(MAX_INDEX_BYTES + 1)
-    finally:
-        os.close(fd)
+    if path.is_dir():
+        raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
+    return read_regular(path, MAX_INDEX_BYTES)
 
 
 def read_index_file(path: Path) -> tuple[Index, list[str]]:

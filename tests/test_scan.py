@@ -8,6 +8,7 @@ import pytest
 
 import kindex
 from kindex import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.store import read_index
 
 
 def write(path: Path, text: str | bytes) -> None:
@@ -129,6 +130,33 @@ def test_a_tree_a_thousand_folders_deep_is_scanned_to_its_bound(tmp_path: Path) 
         (chain[-1] / "deep.md").unlink()
         for folder in reversed(chain[BOUND - 1 :]):
             folder.rmdir()
+
+
+@pytest.mark.parametrize("change", ["deleted", "rewritten", "fifo"])
+def test_a_document_changed_during_a_run_keeps_what_the_scan_saw(tmp_path: Path, change: str) -> None:
+    # Re-read without checks after the scan, a document deleted, rewritten or replaced by a FIFO during a run (an
+    # editor's save, a git checkout) ended it with a traceback, a nameless error or a hang.
+    kb = tmp_path / "kb"
+    write(kb / "a" / "first.md", "# first\n\nalpha")
+    for i in range(5):
+        write(kb / "z" / f"doc{i}.md", f"# doc {i}\n\nbody {i} zyzzyva")
+    victim = kb / "z" / "doc4.md"
+    done: list[bool] = []
+
+    def on_progress(_: object) -> None:
+        if not done:
+            done.append(True)
+            victim.unlink()
+            if change == "rewritten":
+                write(victim, b"# other\x00")
+            elif change == "fifo":
+                os.mkfifo(victim)
+
+    report = kindex.reindex(kb, kindex.Options(on_progress=on_progress))
+
+    assert report.failures == () and "z/index.json" in report.written
+    entry = next(d for d in read_index(kb / "z" / "index.json").documents if d.path == "doc4.md")  # type: ignore[union-attr]
+    assert entry.title == "doc 4"  # what the scan saw; the next run indexes it as it is now
 
 
 def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: Path) -> None:
