@@ -41,6 +41,7 @@ from kindex.analysis import (
 )
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import UsageError
+from kindex.files import regular_file
 from kindex.fitting import fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
@@ -288,7 +289,7 @@ def _load(kb: Path) -> _Loaded:
         theme_terms=theme_terms,
         theme_postings=theme_postings,
         theme_norm=[K1 * (0.25 + 0.75 * length / avg) for length in theme_lengths],
-        skill_library=any((kb / t.dir / "SKILL.md").is_file() for t in index.themes),
+        skill_library=any(regular_file(kb / t.dir / "SKILL.md") for t in index.themes),
     )
 
 

@@ -6,25 +6,21 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kindex import config
 from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.files import MAX_FOLDER_DEPTH, read_regular, walk
 from kindex.globs import any_match
 from kindex.markdown import headings
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
-from kindex.store import read_regular
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
-MAX_FOLDER_DEPTH = 32
-"""Folders nested deeper below the KB are not scanned (said in ``skipped``): no documentation tree is that deep,
-and a generated or hostile one (1,000 levels) must not exhaust the walk."""
-
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
 _BLANK_RUNS = re.compile(r"\n{3,}")
@@ -147,7 +143,12 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
     warnings: list[Skipped] = []
     root_docs: list[ScannedDoc] = []
     themes: dict[str, list[ScannedDoc]] = {}
-    for here, depth, dirnames, filenames in walk(root):
+
+    def unreadable(folder: Path, exc: OSError) -> None:
+        rel = _show(folder.relative_to(root).as_posix())
+        skipped.append(Skipped(path=rel or ".", reason=f"folder cannot be read: {exc.strerror or exc}"))
+
+    for here, depth, dirnames, filenames, links in walk(root, on_error=unreadable):
         rel_dir = here.relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
         kept_dirs = []
@@ -156,7 +157,7 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
                 continue
             if not _utf8(name):
                 skipped.append(Skipped(path=_show(rel_dir + name), reason="folder name is not valid UTF-8"))
-            elif (here / name).is_symlink():
+            elif name in links:
                 skipped.append(Skipped(path=rel_dir + name, reason="symlinked folder: not followed"))
             elif depth >= MAX_FOLDER_DEPTH:
                 reason = f"folder nested deeper than {MAX_FOLDER_DEPTH} levels: not scanned"
@@ -198,50 +199,27 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
     )
 
 
-def walk(top: Path, max_depth: int = MAX_FOLDER_DEPTH) -> Iterator[tuple[Path, int, list[str], list[str]]]:
-    """``os.walk(top, followlinks=False)`` top-down without recursion, as (folder, its depth below ``top``, its
-    folder names, its file names), never below ``max_depth``. Pruning the folder names in place prunes the walk, as
-    with ``os.walk``; a symlinked folder is listed but not entered; an unreadable folder is passed over. Python
-    3.11's ``os.walk`` recurses once per level, so a tree 1,000 folders deep raised ``RecursionError``."""
-    stack = [(top, 0)]
-    while stack:
-        here, depth = stack.pop()
-        dirnames: list[str] = []
-        filenames: list[str] = []
-        links: set[str] = set()
-        try:
-            with os.scandir(here) as it:
-                for entry in it:
-                    try:
-                        is_dir = entry.is_dir()
-                        if is_dir and entry.is_symlink():
-                            links.add(entry.name)
-                    except OSError:
-                        is_dir = False
-                    (dirnames if is_dir else filenames).append(entry.name)
-        except OSError:
-            continue
-        yield here, depth, dirnames, filenames
-        if depth < max_depth:
-            stack.extend((here / name, depth + 1) for name in reversed(dirnames) if name not in links)
-
-
 def _scan_file(
     root: Path, rel: str, excerpt_chars: int, skipped: list[Skipped], warnings: list[Skipped]
 ) -> ScannedDoc | None:
     path = root / rel
-    if path.is_symlink():
-        target = Path(os.path.realpath(path))
-        if not target.is_relative_to(root):
-            skipped.append(Skipped(path=rel, reason="symlink points outside the knowledge folder: not followed"))
-            return None
-        if _hidden(target.relative_to(root)):
-            skipped.append(Skipped(path=rel, reason="symlink points to a hidden file or folder: not followed"))
-            return None
-    if not path.is_file():
+    try:  # a folder listed but not entered (read without execute permission) lets no file in it be looked at
+        if path.is_symlink():
+            target = Path(os.path.realpath(path))
+            if not target.is_relative_to(root):
+                skipped.append(Skipped(path=rel, reason="symlink points outside the knowledge folder: not followed"))
+                return None
+            if _hidden(target.relative_to(root)):
+                skipped.append(Skipped(path=rel, reason="symlink points to a hidden file or folder: not followed"))
+                return None
+        st = os.stat(path)
+    except OSError as exc:
+        skipped.append(Skipped(path=rel, reason=f"cannot be read: {exc.strerror or exc}"))
+        return None
+    if not stat.S_ISREG(st.st_mode):
         skipped.append(Skipped(path=rel, reason="not a regular file"))
         return None
-    size = path.stat().st_size
+    size = st.st_size
     if size > MAX_DOC_BYTES:
         skipped.append(
             Skipped(path=rel, reason=f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kindex.files import regular_file, walk
 from kindex.records import INDEX_FILE, THEME_TAGS_MAX, ThemeItem, clean_tags, clean_text
 from kindex.results import Context, SkillClosure
-from kindex.scan import split_frontmatter, walk
+from kindex.scan import split_frontmatter
 
 SKILL_FILE = "SKILL.md"
 NAME = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -115,7 +116,7 @@ def skill_folders(kb: Path) -> list[Path]:
     return sorted(
         p
         for p in kb.iterdir()
-        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and (p / SKILL_FILE).is_file()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and regular_file(p / SKILL_FILE)
     )
 
 
@@ -232,7 +233,7 @@ def package_files(folder: Path) -> list[tuple[str, Path]]:
     if folder.is_symlink():
         return []
     out = []
-    for here, _, dirnames, filenames in walk(folder):
+    for here, _, dirnames, filenames, _ in walk(folder):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
             path = here / name

@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from kindex.errors import IndexMissingError, InvalidFileError, StorageError
+from kindex.files import read_regular
 from kindex.records import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
@@ -77,27 +78,6 @@ def theme_index_path(kb: Path, dir_name: str) -> Path:
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 """An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file at ``path``, at most ``limit + 1`` of them (the caller tells too large).
-
-    Opened before it is looked at, without waiting for a FIFO's writer, so what is read is what was checked,
-    whatever replaced the file since someone else looked. Raises :class:`InvalidFileError` for a folder or a
-    special file (a FIFO would block, ``/dev/zero`` never ends) or more than ``limit`` bytes, ``OSError`` when
-    it cannot be read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidFileError(f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise InvalidFileError(f"{path.name} is larger than {limit // 2**20} MiB")
-        with open(fd, "rb", closefd=False) as fh:
-            return fh.read(limit + 1)
-    finally:
-        os.close(fd)
 
 
 def index_bytes(path: Path) -> bytes:

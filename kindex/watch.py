@@ -19,11 +19,12 @@ import watchfiles
 
 from kindex.config import CONFIG_FILE
 from kindex.errors import BusyError, CancelledRun, InterruptedRun, KindexError, ModelError, StorageError
+from kindex.files import walk
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
-from kindex.scan import scan, walk
+from kindex.scan import scan
 from kindex.store import read_index, root_index_path, theme_index_path
 
 DEFAULT_DEBOUNCE_MS = 1600
@@ -153,7 +154,7 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
             # documents are taken as added. A hidden folder holds none; one gone again (a build's temporary tree)
             # holds nothing any more.
             if full.is_relative_to(root) and not any(p.startswith(".") for p in full.relative_to(root).parts):
-                for here, _, dirnames, filenames in walk(full):
+                for here, _, dirnames, filenames, _ in walk(full):
                     dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                     changed.update(r for name in filenames if (r := relevant(root, str(here / name))) is not None)
             continue

@@ -22,7 +22,15 @@ MAX_LINES = 400
 # Bottom to top. A module may import from its own layer and any layer below; never from above.
 LAYERS: list[list[str]] = [
     ["kindex.errors"],
-    ["kindex.tokenize", "kindex.markdown", "kindex.globs", "kindex.templating", "kindex.hosts", "kindex.jsonlog"],
+    [
+        "kindex.tokenize",
+        "kindex.markdown",
+        "kindex.globs",
+        "kindex.templating",
+        "kindex.hosts",
+        "kindex.jsonlog",
+        "kindex.files",
+    ],
     ["kindex.records", "kindex.results"],
     [
         "kindex.config",
