@@ -7,6 +7,7 @@ can tear a record. Only generation opens it: the read path never imports SQLite.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import orjson
 
 from kindex.errors import KBNotFoundError, StorageError
+from kindex.files import regular_file
 from kindex.store import STATE_DIR
 
 CACHE_FILE = "answers.sqlite"
@@ -34,6 +36,9 @@ class Cache:
         self.path = kb / STATE_DIR / CACHE_FILE
         self._entries: dict[str, dict[str, Any]] = {}
         self._db: sqlite3.Connection | None = None
+        if os.path.lexists(self.path) and not regular_file(self.path):  # SQLite fails on it, or blocks on a FIFO
+            # Said before the run pays for a first answer it could not keep.
+            raise StorageError(f"{self.path} is not a regular file: remove it (it holds only answers already paid for)")
         if self.path.is_file():
             self._read()
         legacy = kb / STATE_DIR / LEGACY_CACHE_FILE
@@ -65,11 +70,14 @@ class Cache:
                 raise KBNotFoundError(
                     "the knowledge folder disappeared during the run: nothing more was written"
                 ) from None
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
-            db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
+            try:
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
+                db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
+            except sqlite3.OperationalError as exc:  # unopenable: a folder in .kindex's place, a read-only disk
+                raise StorageError(f"cannot open the answer cache {self.path}: {exc}") from None
             self._db = db
         return self._db
 

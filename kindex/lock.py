@@ -13,7 +13,8 @@ from pathlib import Path
 import filelock
 import orjson
 
-from kindex.errors import BusyError, CancelledRun
+from kindex.errors import BusyError, CancelledRun, InvalidFileError, StorageError
+from kindex.files import read_regular
 from kindex.store import STATE_DIR, atomic_write
 
 LOCK_FILE = "write.lock"
@@ -46,7 +47,13 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
             held[kb] -= 1
         return
     state = kb / STATE_DIR
-    state.mkdir(parents=True, exist_ok=True)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what_is = "a file, not kindex's state folder" if state.is_file() else f"not usable ({exc.strerror or exc})"
+        raise StorageError(
+            f"{STATE_DIR} in {kb} is {what_is}: remove or rename it (it holds only kindex's caches)"
+        ) from None
     lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
     deadline = time.monotonic() + wait
     while True:
@@ -61,6 +68,10 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
                     f"another kindex run is writing {kb} ({_holder(state)}); wait for it to finish, or pass --wait "
                     "SECONDS"
                 ) from None
+        except OSError as exc:  # a folder, a link loop or a device in place of the lock file
+            raise StorageError(
+                f"cannot take the writer lock {state / LOCK_FILE}: {exc.strerror or exc}: remove it and run again"
+            ) from None
     held[kb] = 1
     try:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()}
@@ -73,8 +84,8 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
 
 def _holder(state: Path) -> str:
     try:
-        info = orjson.loads((state / HOLDER_FILE).read_bytes())
+        info = orjson.loads(read_regular(state / HOLDER_FILE, 64 * 1024))
         since = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
         return f"`kindex {info['what']}`, pid {info['pid']} on {info['host']}, since {since}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, InvalidFileError):
         return "holder unknown"

@@ -561,3 +561,33 @@ def test_a_cut_off_answer_after_braces_in_the_prose_is_still_salvaged() -> None:
     answer = 'Entry for {doc}: {"title": "退款", "summary": "如何退款。", "tags": ["a", "b'
     assert salvage_truncated(answer) == {"title": "退款", "summary": "如何退款。"}
     assert salvage_truncated('{"title": "t"}') is None  # a closed object is no truncation
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("state-is-a-file", ".kindex in {kb} is a file, not kindex's state folder: remove or rename it"),
+        ("lock-is-a-folder", "cannot take the writer lock {kb}/.kindex/write.lock: Is a directory: remove it"),
+        ("lock-is-a-loop", "cannot take the writer lock {kb}/.kindex/write.lock: Too many levels of symbolic links"),
+        ("cache-is-a-folder", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
+        ("cache-is-a-fifo", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
+    ],
+)
+def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: str, message: str) -> None:
+    # Each ended reindex with a raw FileExistsError, IsADirectoryError, OSError or sqlite3.OperationalError.
+    state = sample_kb / ".kindex"
+    if damage == "state-is-a-file":
+        state.write_text("junk", encoding="utf-8")
+    else:
+        state.mkdir()
+        if damage == "lock-is-a-folder":
+            (state / "write.lock").mkdir()
+        elif damage == "lock-is-a-loop":
+            (state / "write.lock").symlink_to("write.lock")
+        elif damage == "cache-is-a-folder":
+            (state / "answers.sqlite").mkdir()
+        else:
+            os.mkfifo(state / "answers.sqlite")
+    with pytest.raises(kindex.StorageError) as raised:
+        kindex.reindex(sample_kb)
+    assert raised.value.message.startswith(message.format(kb=sample_kb))
