@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from kindex import generate
-from kindex.errors import KindexError, SkillError, UsageError
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError, SkillError, UsageError
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE
 from kindex.results import ImportResult, RunReport, SkillHit, SyncResult
@@ -44,7 +44,7 @@ from kindex.skillmodel import (
     package_files,
     read_skill,
 )
-from kindex.store import STATE_DIR, atomic_write
+from kindex.store import STATE_DIR, atomic_write, index_bytes
 
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
@@ -180,12 +180,27 @@ def _extract(
                 out.write(chunk)
 
 
+_NAME_LINE = re.compile(r"name:[ \t]*(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"#][^\n#]*)?[ \t]*(?:#.*)?$")
+
+
 def _set_name(skill_md: Path, name: str) -> None:
+    """Rewrite the ``name:`` line of ``SKILL.md``'s frontmatter, and only there: the body may hold a ``name:``
+    line of its own (a YAML example). A name written any other way (a quoted key, a flow mapping, a folded
+    scalar) is refused rather than guessed at: the result is checked by parsing it again."""
     text = skill_md.read_text(encoding="utf-8")
-    new, count = re.subn(r"(?m)^(name:\s*)['\"]?[^\n'\"]*['\"]?\s*$", rf"\g<1>{name}", text, count=1)
-    if not count:
-        raise SkillError(f"{SKILL_FILE}: cannot rewrite its name to {name!r}")
-    skill_md.write_text(new, encoding="utf-8")
+    lines = text.split("\n")
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.rstrip() in ("---", "...")), 0)
+    at = next((i for i in range(1, end) if _NAME_LINE.match(lines[i])), None) if lines[0].rstrip() == "---" else None
+    if at is not None:
+        lines[at] = f"name: {name}"
+        new = "\n".join(lines)
+        if split_frontmatter(new)[0].get("name") == name:
+            skill_md.write_text(new, encoding="utf-8")
+            return
+    raise SkillError(
+        f"{SKILL_FILE}: cannot rename the skill to {name!r}: its frontmatter does not write the name as a plain "
+        "`name: …` line; rename it in the archive, or import with replace"
+    )
 
 
 def import_skill(
@@ -259,7 +274,13 @@ def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> Ru
     """Move ``staging`` into ``root/name`` and index it; on any failure put back what was there."""
     target = root / name
     backup_dir = root / STATE_DIR / "backup" / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
-    saved_root_index = (root / INDEX_FILE).read_bytes() if (root / INDEX_FILE).exists() else None
+    try:  # the root index as it was, to put back on failure; what kindex did not write is not read (a FIFO)
+        saved_root_index: bytes | None = index_bytes(root / INDEX_FILE)
+    except FileNotFoundError:
+        saved_root_index = None
+    except (OSError, InvalidFileError, IndexMissingError) as exc:
+        message = exc.message if isinstance(exc, KindexError) else exc.strerror or str(exc)
+        raise SkillError(f"the library's {INDEX_FILE} cannot be kept ({message}): remove it and import again") from None
     had_old = target.exists()
     if had_old:
         backup_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -366,6 +387,9 @@ def sync_skills(
     selected = sorted(only) if only else sorted(skills)
     src_root = Path(src).resolve()
     dest_root = Path(dest).resolve() if dest is not None else None
+    if dest_root is not None and (dest_root.is_relative_to(src_root) or src_root.is_relative_to(dest_root)):
+        # Swapping a skill in over itself deletes what sync does not copy (.git/, .env, its index.json).
+        raise SkillError(f"the workspace {dest} is the library {src}, or inside it, or holds it: sync elsewhere")
     if previous is None and dest_root is not None and (dest_root / MANIFEST).exists():
         try:
             previous = orjson.loads((dest_root / MANIFEST).read_bytes())

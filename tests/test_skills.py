@@ -151,6 +151,26 @@ def test_import_installs_indexes_and_renames_on_conflict(library: Path, tmp_path
 
 
 @pytest.mark.parametrize(
+    "frontmatter",
+    ['"name": demo\ndescription: d', "{name: demo, description: d}", "name: >-\n  demo\ndescription: d"],
+    ids=["quoted-key", "flow-mapping", "folded"],
+)
+def test_a_rename_never_edits_the_body_or_half_a_name(library: Path, frontmatter: str) -> None:
+    # The rename to NAME-v2 rewrote the first `name:` line anywhere: the body's YAML example, or the first line of
+    # a folded name, reported success and left a skill that broke the rules.
+    body = "# Body\n\nConfig example:\n\n```yaml\nname: my-service\n```\n"
+    package = make_zip({"demo/SKILL.md": f"---\n{frontmatter}\n---\n{body}"})
+    skills.import_skill(library, package)
+    with pytest.raises(kindex.SkillError, match="cannot rename the skill to 'demo-v2'"):
+        skills.import_skill(library, package)
+    assert not (library / "demo-v2").exists() and kindex.validate_skills(library) == []
+    plain = make_zip({"demo/SKILL.md": f"---\nname: 'demo'  # the id\ndescription: d\n---\n{body}"})
+    assert skills.import_skill(library, plain).name == "demo-v2"
+    text = (library / "demo-v2" / "SKILL.md").read_text(encoding="utf-8")
+    assert text.startswith("---\nname: demo-v2\ndescription: d\n") and text.endswith(body)
+
+
+@pytest.mark.parametrize(
     ("files", "modes", "message"),
     [
         ({"../evil/SKILL.md": "x"}, None, "climbs out of the package"),
@@ -384,3 +404,22 @@ def test_a_symlinked_skill_folder_is_neither_exported_nor_synced(library: Path, 
     result = skills.sync_skills(library, tmp_path / "workspace")
     assert not (tmp_path / "workspace" / "outside-skill").exists()
     assert "outside-skill" not in result.synced and "pdf-tools" in result.synced
+
+
+def test_sync_onto_the_library_itself_is_refused(library: Path) -> None:
+    # `kindex skills sync LIB LIB` reported success and deleted every skill's .git/, .env and index.json.
+    (library / "data-services" / ".env").write_text("TOKEN=1", encoding="utf-8")
+    for dest in (library, library / "data-services", library.parent):
+        with pytest.raises(kindex.SkillError, match=r"is the library .*, or inside it, or holds it"):
+            skills.sync_skills(library, dest)
+    assert (library / "data-services" / ".env").exists() and kindex.validate(library) == []
+
+
+def test_an_import_keeps_away_from_a_special_file_in_place_of_the_root_index(library: Path) -> None:
+    # The root index was read to be restored on failure: a FIFO there blocked the import for good.
+    (library / "index.json").unlink()
+    os.mkfifo(library / "index.json")
+    package = make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files.")})
+    with pytest.raises(kindex.SkillError, match=r"the library's index.json cannot be kept .*not a regular file"):
+        skills.import_skill(library, package)
+    assert not (library / "csv-tools").exists()
