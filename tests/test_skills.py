@@ -206,6 +206,35 @@ def test_a_zip_bomb_is_refused_before_it_fills_the_disk(library: Path) -> None:
         skills.import_skill(library, many, max_files=20)
 
 
+@pytest.mark.parametrize("zip64", [False, True])
+def test_an_archive_listing_too_many_entries_is_refused_before_they_are_read(
+    library: Path, monkeypatch: pytest.MonkeyPatch, zip64: bool
+) -> None:
+    # zipfile made an object per entry before the file limit was checked: 20 MB of minimal entries (380,000) cost
+    # 268 MB, 1.2 GB for 16 uploads. The count comes from the raw headers, whatever the end record's total says.
+    import struct
+    import zlib
+
+    name, data = b"s/SKILL.md", skill_md("s", "x").encode()
+    crc = zlib.crc32(data)
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0)
+    header = struct.pack(
+        "<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, len(data), len(data), 7, 0, 0, 0, 0, 0, 0
+    )
+    cd = b"".join(header + b"d/%05d" % i for i in range(41))
+    body = local + name + data
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)  # says 1 entry: a lie
+    if zip64:
+        record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, len(cd), len(body))
+        locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body) + len(cd), 1)
+        end = record + locator + end
+    opened: list[bool] = []
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *a, **k: opened.append(True))
+    with pytest.raises(kindex.SkillError, match="lists more than 40 entries, for a limit of 20 files"):
+        skills.import_skill(library, body + cd + end, max_files=20)
+    assert opened == []
+
+
 def test_a_failed_replace_restores_the_old_package_and_its_entries(
     library: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
