@@ -62,7 +62,8 @@ def _documents(value: object) -> tuple[str, ...]:
     if isinstance(value, list | tuple) and any(isinstance(x, str) and not x.strip() for x in value):
         raise InvalidDataError("an empty document path")
     out = _text_list(value)
-    bad = [p for p in out if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or ":" in p]
+    # A drive letter is absolute; a colon elsewhere is part of a name ("FAQ: billing.md").
+    bad = [p for p in out if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or p[1:2] == ":"]
     if bad:
         raise InvalidDataError(f"{bad[0]!r} is not a KB-relative path")
     return out

@@ -14,6 +14,7 @@ tools by; the tools read best side by side, with the output records they return.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import wraps
@@ -340,9 +341,13 @@ def _text_and_record(text: str, record: BaseModel) -> types.CallToolResult:
     )
 
 
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
 def _indexed_path(kb: KnowledgeBase, path: str) -> str:
     rel = normalize_path(path)
-    if not rel or ".." in rel.split("/") or path.startswith(("/", "\\")) or ":" in rel.split("/")[0]:
+    # A drive letter is absolute; a colon elsewhere is part of a name ("FAQ: billing.md"), as search returns it.
+    if not rel or ".." in rel.split("/") or path.startswith(("/", "\\")) or _DRIVE.match(path):
         raise UsageError(f"{path!r} is not a KB-relative path: use a path that search returns")
     if rel not in kb.retriever.loaded().by_path:
         raise NotFoundError(f"{rel!r} is not a document of this KB's index: use a path that search returns")

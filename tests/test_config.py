@@ -132,6 +132,7 @@ def test_search_lists_the_ranking_without_the_documents(sample_kb: Path) -> None
         ('[context]\nmax_docs = "4"\n', "expected a number, not the string '4'"),
         ("context = 5\n", "context must be a section"),
         ('[context]\nfallback_docs = ["../secret.md"]\n', "is not a KB-relative path"),
+        ('[context]\nfallback_docs = ["C:/secret.md"]\n', "is not a KB-relative path"),
     ],
 )
 def test_hostile_config_values_are_named_errors(sample_kb: Path, text: str, message: str) -> None:
@@ -160,3 +161,12 @@ def test_a_config_file_that_is_not_a_regular_file_inside_the_kb_is_an_error(samp
 def test_config_of_a_missing_folder_is_kb_not_found(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["config", str(tmp_path / "nowhere"), "--json"])
     assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "kb_not_found"
+
+
+def test_a_fallback_document_may_hold_a_colon_in_its_name(sample_kb: Path) -> None:
+    # Only a drive letter is absolute: "FAQ: billing.md" was refused as "not a KB-relative path".
+    (sample_kb / "FAQ: 账单.md").write_text("# 账单问答\n\n账单怎么看。\n", encoding="utf-8")
+    write_config(sample_kb, '[context]\nfallback_docs = ["FAQ: 账单.md"]\n')
+    kindex.reindex(sample_kb)
+    ctx = kindex.build_context(sample_kb, "今天上海会下雨吗")
+    assert ctx.fallback and ctx.items[0].path == "FAQ: 账单.md"
