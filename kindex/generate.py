@@ -47,7 +47,7 @@ from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from,
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import read_index, root_index_path, theme_index_path, write_index
+from kindex.store import read_index, refuse_foreign, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")
@@ -199,6 +199,11 @@ def _run(
     started = time.monotonic()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel):
+        themes = list(s.themes) if step == "reindex" else [subject] if subject is not None else []
+        for theme in themes:
+            refuse_foreign(theme_index_path(s.kb, theme), f"{theme}/{INDEX_FILE}")
+        if step in ("reindex", "root"):
+            refuse_foreign(root_index_path(s.kb), INDEX_FILE)
         generator = make_generator(opts.llm, opts.client, opts.cancel)
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)

@@ -12,7 +12,9 @@ import secrets
 import stat
 from pathlib import Path
 
-from kindex.errors import IndexMissingError, InvalidFileError, StorageError
+import orjson
+
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError
 from kindex.files import read_regular
 from kindex.records import INDEX_FILE, Index, parse_index
 
@@ -90,6 +92,23 @@ def index_bytes(path: Path) -> bytes:
     if path.is_dir():
         raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
     return read_regular(path, MAX_INDEX_BYTES)
+
+
+def refuse_foreign(path: Path, label: str) -> None:
+    """:class:`InvalidFileError` when ``path`` holds JSON that is no kindex index (an OpenAPI document, a site's
+    search data): a step would replace it, and the user's file would be lost. Nothing there, a damaged file, or
+    an object with kindex's keys (or none) is left for the step to write as before."""
+    try:
+        obj = orjson.loads(index_bytes(path))
+    except (OSError, KindexError, orjson.JSONDecodeError):
+        return
+    if isinstance(obj, dict) and (not obj or obj.keys() & {"version", "themes", "documents"}):
+        return
+    what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
+    raise InvalidFileError(
+        f"{label} holds JSON that is not a kindex index ({what}): kindex writes its index there; move that file "
+        "away and run again"
+    )
 
 
 def read_index_file(path: Path) -> tuple[Index, list[str]]:

@@ -591,3 +591,22 @@ def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: s
     with pytest.raises(kindex.StorageError) as raised:
         kindex.reindex(sample_kb)
     assert raised.value.message.startswith(message.format(kb=sample_kb))
+
+
+def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten(sample_kb: Path) -> None:
+    # reindex replaced an OpenAPI document at billing/index.json and a site's search data at index.json without
+    # a word, keeping no copy.
+    openapi = b'{"openapi": "3.0.0", "info": {"title": "My API"}, "paths": {}}'
+    (sample_kb / "billing" / "index.json").write_bytes(openapi)
+    with pytest.raises(kindex.InvalidFileError, match=r"billing/index.json holds JSON that is not a kindex index"):
+        kindex.reindex(sample_kb)
+    with pytest.raises(kindex.InvalidFileError, match="the keys info, openapi, paths"):
+        kindex.doc(sample_kb, "billing", "退款政策.md")
+    assert (sample_kb / "billing" / "index.json").read_bytes() == openapi and not (sample_kb / "index.json").exists()
+    (sample_kb / "billing" / "index.json").unlink()
+    (sample_kb / "index.json").write_bytes(b'[{"my": "site search data"}]')
+    with pytest.raises(kindex.InvalidFileError, match=r"^index.json holds JSON that is not a kindex index \(no object"):
+        kindex.root(sample_kb)
+    (sample_kb / "index.json").write_bytes(b'{"themes": [')  # a damaged index of kindex's own is replaced
+    kindex.reindex(sample_kb)
+    assert kindex.validate(sample_kb) == []
