@@ -37,11 +37,11 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
     batch ends after --debounce milliseconds without a change, so a burst of saves is one update. One line per
     update on stdout (--json: one JSON object per line).
 
-    A batch that fails because the model is unreachable or overloaded (documents got stand-in entries) is tried
-    again after 30 s, then after twice as long each time (at most 10 minutes between tries; 8 tries, a new change
-    joining it counting as one), paying only for what failed. One that fails on the documents (a broken
-    kindex.toml) or on answers unusable even after a repair request waits for a change of those documents, or a
-    restart.
+    A batch that fails because the model is unreachable or overloaded (documents got stand-in entries), or
+    because another writer holds the KB, is tried again after 30 s, then after twice as long each time (at most
+    10 minutes between tries; 8 tries, a new change joining it counting as one), paying only for what failed.
+    One that fails on the documents (a broken kindex.toml) or on answers unusable even after a repair request
+    waits for a change of those documents, or a restart.
 
     \b
     Example:
