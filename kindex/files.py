@@ -19,12 +19,15 @@ and a generated or hostile one (1,000 levels) must not exhaust the walk."""
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit + 1`` of them (the caller tells too large).
 
-    Opened before it is looked at, without waiting for a FIFO's writer, so what is read is what was checked,
-    whatever replaced the file since someone else looked. Raises :class:`InvalidFileError` for a folder or a
-    special file (a FIFO would block, ``/dev/zero`` never ends) or more than ``limit`` bytes, ``OSError`` when
-    it cannot be read.
+    A special file is never opened, and one swapped in between the look and the open is not read. Raises
+    :class:`InvalidFileError` for a folder or a special file (a FIFO would block, ``/dev/zero`` never ends) or more
+    than ``limit`` bytes, ``OSError`` when it cannot be read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    # Looked at before it is opened (opening a device can act: /dev/ptmx makes a terminal, a tape rewinds), and
+    # again once open, without waiting for a FIFO's writer: what is read is what was checked.
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise InvalidFileError(f"{path.name} is not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

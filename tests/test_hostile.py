@@ -14,6 +14,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -610,3 +611,19 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
     (sample_kb / "index.json").write_bytes(b'{"themes": [')  # a damaged index of kindex's own is replaced
     kindex.reindex(sample_kb)
     assert kindex.validate(sample_kb) == []
+
+
+def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Opening a device can act (/dev/ptmx makes a terminal, a tape rewinds): the reader opened first, then looked.
+    (indexed / "index.json").unlink()
+    (indexed / "index.json").symlink_to("/dev/null")
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    assert any("is not a regular file" in p for p in kindex.validate(indexed))
+    assert str(indexed / "index.json") not in opened
