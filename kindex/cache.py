@@ -36,9 +36,11 @@ class Cache:
         self.path = kb / STATE_DIR / CACHE_FILE
         self._entries: dict[str, dict[str, Any]] = {}
         self._db: sqlite3.Connection | None = None
-        if os.path.lexists(self.path) and not regular_file(self.path):  # SQLite fails on it, or blocks on a FIFO
-            # Said before the run pays for a first answer it could not keep.
-            raise StorageError(f"{self.path} is not a regular file: remove it (it holds only answers already paid for)")
+        # SQLite fails on anything else there, or blocks on a FIFO (its journal too): said before the run pays for
+        # a first answer it could not keep.
+        for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            if os.path.lexists(path) and not regular_file(path):
+                raise StorageError(f"{path} is not a regular file: remove it (it holds only answers already paid for)")
         if self.path.is_file():
             self._read()
         legacy = kb / STATE_DIR / LEGACY_CACHE_FILE

@@ -62,8 +62,12 @@ def _documents(value: object) -> tuple[str, ...]:
     if isinstance(value, list | tuple) and any(isinstance(x, str) and not x.strip() for x in value):
         raise InvalidDataError("an empty document path")
     out = _text_list(value)
-    # A drive letter is absolute; a colon elsewhere is part of a name ("FAQ: billing.md").
-    bad = [p for p in out if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or p[1:2] == ":"]
+    # A drive (C:/, C:\\) is absolute; a colon elsewhere is part of a name ("Q: billing.md").
+    bad = [
+        p
+        for p in out
+        if p.startswith(("/", "\\")) or ".." in p.replace("\\", "/").split("/") or p[1:3] in (":/", ":\\")
+    ]
     if bad:
         raise InvalidDataError(f"{bad[0]!r} is not a KB-relative path")
     return out

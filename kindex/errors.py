@@ -167,12 +167,14 @@ class ModelError(KindexError):
 class ModelCallError(ModelError):
     """One model call failed after its retries; the run records it against one document and goes on."""
 
-    def __init__(self, message: str, retries: int = 0, *, unreachable: bool = False) -> None:
+    def __init__(self, message: str, retries: int = 0, *, unreachable: bool = False, transient: bool = True) -> None:
         super().__init__(message)
         self.retries = retries
         """How many times the call was retried before it was given up: they count in the run's report."""
         self.unreachable = unreachable
         """The call never reached a server (refused, unreachable, DNS)."""
+        self.transient = transient
+        """Trying the same call later may pass (a 400, a document over the model's context, never will)."""
 
 
 class AnswerError(ModelError):

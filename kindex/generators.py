@@ -205,7 +205,9 @@ class LLMGenerator:
             except ModelCallError as exc:
                 usage.calls += 1  # a call that failed was still made (and may be billed): the report counts it
                 usage.retries += exc.retries
-                raise GenerationFailed(exc.message, usage, unreachable=exc.unreachable) from None
+                raise GenerationFailed(
+                    exc.message, usage, unreachable=exc.unreachable, transient=exc.transient
+                ) from None
             usage.add(completion)
             try:
                 obj = _extract_or_salvage(completion.text)

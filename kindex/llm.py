@@ -250,7 +250,9 @@ class LiteLLMClient:
                 await asyncio.sleep(self._delay(exc, attempt))
                 attempt += 1
                 continue
-            except (lt.APIError, lt.BadRequestError) as exc:  # a 400 (a document too long for the model): this call
+            except lt.BadRequestError as exc:  # a 400 (a document over the model's context): this document, for good
+                raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt, transient=False) from None
+            except lt.APIError as exc:
                 raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt) from None
             usage = getattr(response, "usage", None)
             prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

@@ -341,12 +341,12 @@ def _text_and_record(text: str, record: BaseModel) -> types.CallToolResult:
     )
 
 
-_DRIVE = re.compile(r"[A-Za-z]:")
+_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 
 
 def _indexed_path(kb: KnowledgeBase, path: str) -> str:
     rel = normalize_path(path)
-    # A drive letter is absolute; a colon elsewhere is part of a name ("FAQ: billing.md"), as search returns it.
+    # A drive (C:/, C:\\) is absolute; a colon elsewhere is part of a name ("Q: billing.md"), as search returns it.
     if not rel or ".." in rel.split("/") or path.startswith(("/", "\\")) or _DRIVE.match(path):
         raise UsageError(f"{path!r} is not a KB-relative path: use a path that search returns")
     if rel not in kb.retriever.loaded().by_path:

@@ -46,8 +46,9 @@ def _write_replace(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     keep_mode: int | None = None
     with contextlib.suppress(OSError):
-        st = os.lstat(path)
-        # Only a regular file's mode: a symlink's (0o777) or a device's (/dev/zero: 0o666) would open the index.
+        st = os.stat(path)
+        # A regular file's mode, through a symlink too (a link to a 0600 file stays 0600); a device's (/dev/zero:
+        # 0o666) would open the index to everyone.
         keep_mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -164,9 +164,10 @@ def test_config_of_a_missing_folder_is_kb_not_found(tmp_path: Path) -> None:
 
 
 def test_a_fallback_document_may_hold_a_colon_in_its_name(sample_kb: Path) -> None:
-    # Only a drive letter is absolute: "FAQ: billing.md" was refused as "not a KB-relative path".
-    (sample_kb / "FAQ: 账单.md").write_text("# 账单问答\n\n账单怎么看。\n", encoding="utf-8")
-    write_config(sample_kb, '[context]\nfallback_docs = ["FAQ: 账单.md"]\n')
+    # Only a drive (C:/) is absolute: "FAQ: billing.md", then "Q: billing.md", were refused as "not a KB-relative
+    # path".
+    (sample_kb / "Q: 账单.md").write_text("# 账单问答\n\n账单怎么看。\n", encoding="utf-8")
+    write_config(sample_kb, '[context]\nfallback_docs = ["Q: 账单.md"]\n')
     kindex.reindex(sample_kb)
     ctx = kindex.build_context(sample_kb, "今天上海会下雨吗")
-    assert ctx.fallback and ctx.items[0].path == "FAQ: 账单.md"
+    assert ctx.fallback and ctx.items[0].path == "Q: 账单.md"

@@ -361,6 +361,15 @@ def test_written_files_keep_their_mode_or_honour_the_umask(sample_kb: Path) -> N
         kindex.doc(sample_kb, "billing", "退款政策.md")
         assert (sample_kb / "billing" / "index.json").read_bytes() != before  # rewritten...
         assert (sample_kb / "billing" / "index.json").stat().st_mode & 0o777 == 0o640  # ...with its mode kept
+        # Through a symlink to a regular file too: the link's own mode (0o777) was taken for "not a file", and
+        # the private target's 0600 became 0644.
+        private = sample_kb.parent / "private-index.json"
+        os.replace(sample_kb / "sync" / "index.json", private)
+        os.chmod(private, 0o600)
+        (sample_kb / "sync" / "index.json").symlink_to(private)
+        (sample_kb / "sync" / "新增.md").write_text("# 新增同步说明\n\n正文。\n", encoding="utf-8")
+        assert "sync/index.json" in kindex.reindex(sample_kb).written
+        assert (sample_kb / "sync" / "index.json").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
 
@@ -572,6 +581,7 @@ def test_a_cut_off_answer_after_braces_in_the_prose_is_still_salvaged() -> None:
         ("lock-is-a-loop", "cannot take the writer lock {kb}/.kindex/write.lock: Too many levels of symbolic links"),
         ("cache-is-a-folder", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
         ("cache-is-a-fifo", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
+        ("journal-is-a-fifo", "{kb}/.kindex/answers.sqlite-journal is not a regular file: remove it"),
     ],
 )
 def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: str, message: str) -> None:
@@ -587,6 +597,9 @@ def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: s
             (state / "write.lock").symlink_to("write.lock")
         elif damage == "cache-is-a-folder":
             (state / "answers.sqlite").mkdir()
+        elif damage == "journal-is-a-fifo":  # SQLite read it as a hot journal: every model step hung
+            (state / "answers.sqlite").write_bytes(b"")
+            os.mkfifo(state / "answers.sqlite-journal")
         else:
             os.mkfifo(state / "answers.sqlite")
     with pytest.raises(kindex.StorageError) as raised:

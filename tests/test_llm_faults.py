@@ -99,17 +99,23 @@ def test_an_authentication_error_stops_the_run(sample_kb: Path, fake_llm: FakeLL
 
 
 @pytest.mark.parametrize(
-    ("fault", "reason", "requests", "counted"),
+    ("fault", "reason", "requests", "counted", "transient"),
     [
-        (Reply("down", status=503), "ServiceUnavailableError (HTTP 503) after 2 attempts", 20, (19, 1)),
+        (Reply("down", status=503), "ServiceUnavailableError (HTTP 503) after 2 attempts", 20, (19, 1), True),
         # A 400 (a document too long for the model's context) is not one of litellm's APIErrors: it ended the run
-        # with a traceback. The same request would be refused again: not retried.
-        (Reply('{"error": {"message": "context length exceeded"}}', status=400), "BadRequestError", 19, (19, 0)),
+        # with a traceback. The same request would be refused again: not retried, now or by a watcher later.
+        (Reply('{"error": {"message": "context length"}}', status=400), "BadRequestError", 19, (19, 0), False),
     ],
     ids=["503", "400"],
 )
 def test_persistent_server_errors_fail_documents_but_not_the_run(
-    sample_kb: Path, fake_llm: FakeLLM, fault: Reply, reason: str, requests: int, counted: tuple[int, int]
+    sample_kb: Path,
+    fake_llm: FakeLLM,
+    fault: Reply,
+    reason: str,
+    requests: int,
+    counted: tuple[int, int],
+    transient: bool,
 ) -> None:
     def script(request: dict[str, Any]) -> Reply:
         if not is_root(request) and doc_path(request) == "离线模式.md":
@@ -120,7 +126,7 @@ def test_persistent_server_errors_fail_documents_but_not_the_run(
     report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm, retries=1)))
 
     assert [f.path for f in report.failures] == ["sync/离线模式.md"]
-    assert reason in report.failures[0].reason
+    assert reason in report.failures[0].reason and report.failures[0].transient is transient
     assert len(fake_llm.requests) == requests  # a failing call that may pass was sent twice, the others once
     assert (report.calls, report.retries) == counted  # a failed call and its retry are counted
     assert kindex.validate(sample_kb) == []

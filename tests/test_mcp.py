@@ -113,19 +113,19 @@ def test_every_tool_over_stdio(indexed: Path, mode: str) -> None:
 @pytest.mark.slow
 def test_hostile_arguments_are_tool_errors_and_nothing_outside_the_index_is_read(indexed: Path) -> None:
     (indexed.parent / "secret.md").write_text("# secret\n\nnot in the KB\n", encoding="utf-8")
-    (indexed / "FAQ: 账单.md").write_text("# 账单问答\n\n账单怎么看。\n", encoding="utf-8")
+    (indexed / "Q: 账单.md").write_text("# 账单问答\n\n账单怎么看。\n", encoding="utf-8")
     kindex.reindex(indexed)
     (indexed / "billing" / "unindexed.md").write_text("# 未索引\n\n还没有索引。\n", encoding="utf-8")
 
     async def session() -> None:
         async with stdio(indexed) as c:
-            for path in ("../secret.md", "/etc/passwd", "billing/../../secret.md", "C:/secret.md", "c:secret.md"):
+            for path in ("../secret.md", "/etc/passwd", "billing/../../secret.md", "C:/secret.md", "c:\\secret.md"):
                 assert error_code(await c.call_tool("read_document", {"path": path})) == "invalid_request", path
-            for path in ("billing/unindexed.md", "billing/index.json", ".kindex/search.npz"):
+            for path in ("billing/unindexed.md", "billing/index.json", ".kindex/search.npz", "c:secret.md"):
                 assert error_code(await c.call_tool("read_document", {"path": path})) == "not_found", path
-            # A colon in a name is no drive letter: a path search returns was refused.
-            faq = await c.call_tool("read_document", {"path": "FAQ: 账单.md"})
-            assert not faq.is_error and faq.structured_content["path"] == "FAQ: 账单.md"
+            # A colon in a name is no drive (C:/), even second: a path search returns was refused.
+            faq = await c.call_tool("read_document", {"path": "Q: 账单.md"})
+            assert not faq.is_error and faq.structured_content["path"] == "Q: 账单.md"
             missing = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section_heading": "无此标题"})
             assert error_code(missing) == "not_found" and "its headings:" in text_of(missing.content[0])
             huge = await c.call_tool("get_context", {"message": "退款", "budget_tokens": 10**9})

@@ -123,7 +123,16 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
         raise IndexMissingError("this KB has no index yet: POST …/knowledge/reindex first") from None
     if dir_name is None:
         return root
-    if dir_name not in {t.dir for t in root.themes} or dir_name not in scan(kb).themes:
+    folder = kb / dir_name
+    # The scan's rule for a theme, without a scan (a whole KB read per request): a folder directly in the KB, not
+    # hidden, not a symlink. A hand-edited root index listing "..", "a/b" or a link leads nowhere else.
+    if (
+        dir_name not in {t.dir for t in root.themes}
+        or dir_name.startswith(".")
+        or folder.parent != kb
+        or folder.is_symlink()
+        or not folder.is_dir()
+    ):
         raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
     try:
         sub, _ = read_index_file(kb / dir_name / INDEX_FILE)
