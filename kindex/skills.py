@@ -167,21 +167,24 @@ def _zip_members(
 
 def _check_entry_count(data: bytes, max_files: int) -> None:
     """Refuse an archive whose central directory lists more than twice ``max_files`` entries (folders are entries
-    too; files are counted exactly once it is open), counted from its raw bytes:
-    ``zipfile.ZipFile`` builds an object per entry before anyone can count them, and 20 MB of minimal entries is
-    380,000 of them (268 MB; 1.2 GB for 16 uploads at once). The count walks the headers, as ``zipfile`` does, not
-    the end record's total, which may lie. An archive whose end record is not found is left to ``zipfile``."""
-    end = data.rfind(b"PK\x05\x06", max(0, len(data) - 22 - 0xFFFF))
-    if end < 0 or len(data) < end + 22:
-        return
-    size = int.from_bytes(data[end + 12 : end + 16], "little")
-    if end >= 76 and data[end - 20 : end - 16] == b"PK\x06\x07":  # a ZIP64 locator: its end record before it
-        end -= 76  # where zipfile looks for it too: relative to the end record, not at the offset it names
-        if data[end : end + 4] != b"PK\x06\x06":
-            return
-        size = int.from_bytes(data[end + 40 : end + 48], "little")
-    at, count, limit = end - size, 0, 2 * max_files
-    while at >= 0 and at + 46 <= end and data[at : at + 4] == b"PK\x01\x02":
+    too; files are counted exactly once it is open), counted from its raw bytes: ``zipfile.ZipFile`` builds an
+    object per entry before anyone can count them, and 20 MB of minimal entries is 380,000 of them (268 MB; 1.2 GB
+    for 16 uploads at once). The directory is found exactly as ``zipfile`` finds it (its own end-record reader:
+    a lookalike elsewhere must not send this count to another place than ``zipfile`` reads), then its headers are
+    walked as ``zipfile`` walks them, whatever the end record's total claims."""
+    z: Any = zipfile  # its private names, as ZipFile._RealGetContents uses them
+    try:
+        end = z._EndRecData(io.BytesIO(data))  # ZipFile's own first step
+        if not end:
+            return  # zipfile refuses it
+        size, offset = end[z._ECD_SIZE], end[z._ECD_OFFSET]
+        concat = end[z._ECD_LOCATION] - size - offset
+        if end[z._ECD_SIGNATURE] == z.stringEndArchive64:
+            concat -= z.sizeEndCentDir64 + z.sizeEndCentDir64Locator
+    except (OSError, AttributeError, TypeError, IndexError):
+        return  # zipfile refuses the archive itself, or this Python's zipfile reads differently: it counts
+    at, stop, count, limit = offset + concat, offset + concat + size, 0, 2 * max_files
+    while at >= 0 and at + 46 <= min(stop, len(data)) and data[at : at + 4] == b"PK\x01\x02":
         count += 1
         if count > limit:
             raise SkillError(f"archive: lists more than {limit} entries, for a limit of {max_files} files")

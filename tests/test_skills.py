@@ -206,25 +206,35 @@ def test_a_zip_bomb_is_refused_before_it_fills_the_disk(library: Path) -> None:
         skills.import_skill(library, many, max_files=20)
 
 
-@pytest.mark.parametrize("zip64", [False, True])
+@pytest.mark.parametrize("shape", ["plain", "zip64", "stray-locator", "offset-lookalike", "long-comment"])
 def test_an_archive_listing_too_many_entries_is_refused_before_they_are_read(
-    library: Path, monkeypatch: pytest.MonkeyPatch, zip64: bool
+    library: Path, monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
     # zipfile made an object per entry before the file limit was checked: 20 MB of minimal entries (380,000) cost
-    # 268 MB, 1.2 GB for 16 uploads. The count comes from the raw headers, whatever the end record's total says.
+    # 268 MB, 1.2 GB for 16 uploads. The count comes from the raw headers, whatever the end record's total says,
+    # and from where zipfile itself finds them: a locator's signature in an entry's comment, an end record's
+    # signature inside its own offset field, or a comment one byte longer than a search window sent a first
+    # count elsewhere while zipfile read every entry.
     import struct
     import zlib
 
     name, data = b"s/SKILL.md", skill_md("s", "x").encode()
     crc = zlib.crc32(data)
     local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0)
-    header = struct.pack(
-        "<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, len(data), len(data), 7, 0, 0, 0, 0, 0, 0
-    )
-    cd = b"".join(header + b"d/%05d" % i for i in range(41))
     body = local + name + data
-    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)  # says 1 entry: a lie
-    if zip64:
+    last = b"PK\x06\x07" + b"\0" * 16 if shape == "stray-locator" else b""
+
+    def header(n: bytes, comment: bytes = b"") -> bytes:
+        fields = (20, 20, 0, 0, 0, 0, crc, len(data), len(data), len(n), 0, len(comment), 0, 0, 0, 0)
+        return struct.pack("<4s6H3L5H2L", b"PK\x01\x02", *fields) + n + comment
+
+    cd = b"".join(header(b"d/%05d" % i) for i in range(40)) + header(b"d/last", last)
+    comment = b"c" * 65535 if shape == "long-comment" else b""
+    # zipfile finds the directory from the end record's own place: an offset field holding the bytes of a
+    # signature is read as the offset, and need not be true.
+    offset = struct.unpack("<L", b"PK\x05\x06")[0] if shape == "offset-lookalike" else len(body)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), offset, len(comment)) + comment  # 1: a lie
+    if shape == "zip64":
         record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, len(cd), len(body))
         locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body) + len(cd), 1)
         end = record + locator + end
