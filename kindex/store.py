@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
 
 import orjson
 
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError
-from kindex.files import read_regular
+from kindex.errors import IndexMissingError, InvalidFileError, StorageError
+from kindex.files import read_regular, regular_file
 from kindex.records import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
@@ -95,20 +96,38 @@ def index_bytes(path: Path) -> bytes:
     return read_regular(path, MAX_INDEX_BYTES)
 
 
+_OWN_START = re.compile(rb'\{\s*"version"\s*:\s*1\b')
+
+
 def refuse_foreign(path: Path, label: str) -> None:
-    """:class:`InvalidFileError` when ``path`` holds JSON that is no kindex index (an OpenAPI document, a site's
-    search data): a step would replace it, and the user's file would be lost. Nothing there, a damaged file, or
-    an object with kindex's keys (or none) is left for the step to write as before."""
+    """:class:`InvalidFileError` unless ``path`` may be replaced by a step: nothing there, a special file, or what
+    kindex writes (``{"version": 1, …}``, ``{}``, an object of only ``themes``/``documents`` lists, or a damaged
+    file that starts as kindex's do). Anything else is the user's (an OpenAPI document, a package manifest with
+    its own "version", a site's search data, JSON with NaN or a BOM), and replacing it would lose it."""
+    if not regular_file(path):
+        return  # none, a FIFO or a device (replaced), a folder (the write says so)
     try:
-        obj = orjson.loads(index_bytes(path))
-    except (OSError, KindexError, orjson.JSONDecodeError):
-        return
-    if isinstance(obj, dict) and (not obj or obj.keys() & {"version", "themes", "documents"}):
-        return
-    what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
+        data = index_bytes(path)
+    except OSError:
+        return  # unreadable: the write says so
+    except InvalidFileError:
+        data = b""  # larger than any index kindex writes
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        if _OWN_START.match(data):
+            return  # an index of kindex's own, damaged
+        what = "larger than any kindex index" if data == b"" else "no JSON kindex reads"
+    else:
+        if isinstance(obj, dict) and (
+            obj.get("version") == 1
+            or (obj.keys() <= {"themes", "documents"} and all(isinstance(v, list) for v in obj.values()))
+        ):
+            return
+        what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
     raise InvalidFileError(
-        f"{label} holds JSON that is not a kindex index ({what}): kindex writes its index there; move that file "
-        "away and run again"
+        f"{label} holds a file that is not a kindex index ({what}): kindex writes its index there; move that "
+        "file away and run again"
     )
 
 

@@ -612,16 +612,29 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
     # a word, keeping no copy.
     openapi = b'{"openapi": "3.0.0", "info": {"title": "My API"}, "paths": {}}'
     (sample_kb / "billing" / "index.json").write_bytes(openapi)
-    with pytest.raises(kindex.InvalidFileError, match=r"billing/index.json holds JSON that is not a kindex index"):
+    with pytest.raises(kindex.InvalidFileError, match=r"billing/index.json holds a file that is not a kindex index"):
         kindex.reindex(sample_kb)
     with pytest.raises(kindex.InvalidFileError, match="the keys info, openapi, paths"):
         kindex.doc(sample_kb, "billing", "退款政策.md")
     assert (sample_kb / "billing" / "index.json").read_bytes() == openapi and not (sample_kb / "index.json").exists()
     (sample_kb / "billing" / "index.json").unlink()
     (sample_kb / "index.json").write_bytes(b'[{"my": "site search data"}]')
-    with pytest.raises(kindex.InvalidFileError, match=r"^index.json holds JSON that is not a kindex index \(no object"):
+    with pytest.raises(
+        kindex.InvalidFileError, match=r"^index.json holds a file that is not a kindex index \(no object"
+    ):
         kindex.root(sample_kb)
-    (sample_kb / "index.json").write_bytes(b'{"themes": [')  # a damaged index of kindex's own is replaced
+    # A manifest with a "version" of its own, search data with "documents", JSON with NaN or a BOM were replaced.
+    for foreign in (
+        b'{"name": "my-api", "version": "2.3.1"}',
+        b'{"documents": [], "fields": []}',
+        b'{"openapi": NaN}',
+        b'\xef\xbb\xbf{"openapi": "3.0.0"}',
+    ):
+        (sample_kb / "index.json").write_bytes(foreign)
+        with pytest.raises(kindex.InvalidFileError, match="holds a file that is not a kindex index"):
+            kindex.reindex(sample_kb)
+        assert (sample_kb / "index.json").read_bytes() == foreign
+    (sample_kb / "index.json").write_bytes(b'{\n  "version": 1,\n  "themes": [')  # kindex's own, damaged: replaced
     kindex.reindex(sample_kb)
     assert kindex.validate(sample_kb) == []
 
