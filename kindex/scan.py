@@ -7,7 +7,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,9 @@ class Scan:
     skipped: tuple[Skipped, ...] = ()
     warnings: tuple[Skipped, ...] = ()
     excerpt_chars: int = DEFAULT_EXCERPT_CHARS
+    stand_ins: set[str] = field(default_factory=set)
+    """Documents :meth:`read_text` answered with the scan's excerpt (changed or unreadable since): what is made
+    of that text must not be kept under the document's scanned digest."""
 
     @property
     def documents(self) -> tuple[ScannedDoc, ...]:
@@ -114,8 +117,9 @@ class Scan:
         try:
             text, digest = _decode(self.kb / doc.rel)
         except (OSError, InvalidFileError):
-            return doc.excerpt
+            digest = ""
         if digest != doc.sha256:
+            self.stand_ins.add(doc.rel)
             return doc.excerpt
         _, body, _ = split_frontmatter(text)
         return clean_body(body)

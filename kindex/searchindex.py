@@ -106,6 +106,9 @@ class Source:
     headings: tuple[str, ...]
     body_sha: str
     read_body: Callable[[], str]
+    read_exactly: Callable[[], bool] = lambda: True
+    """After ``read_body``: whether it gave the body of ``body_sha`` (a scan's stand-in excerpt does not: its
+    postings are saved under no key, so the next build reads the document again)."""
 
 
 class FieldTable:
@@ -351,7 +354,10 @@ def build(
             mapping[old] = i
             lengths[i] = previous.lengths[old]
         else:
-            for f, (name, counts) in enumerate(_doc_fields(src, vocab).items()):
+            analysed = _doc_fields(src, vocab)
+            if not src.read_exactly():
+                key = ""
+            for f, (name, counts) in enumerate(analysed.items()):
                 lengths[i, f] = sum(counts.values())
                 row: dict[int, float] = {}
                 for term, n in counts.items():
@@ -440,7 +446,8 @@ def update(kb: Path, scan: Scan) -> bool:
     for rel, theme, item in entries.docs:
         doc = by_rel.get(rel)
         if doc is not None:
-            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc)))
+            exact = partial(lambda r: r not in scan.stand_ins, doc.rel)
+            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact))
     previous = load(kb)
     index = build(sources, entries.themes, entries.signature, previous)
     if (

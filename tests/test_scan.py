@@ -257,3 +257,32 @@ def test_folders_that_cannot_be_read_are_skipped_with_the_reason(
     assert "sync" not in s.themes and "billing" in s.themes
     kindex.reindex(kb)
     assert kindex.build_context(kb, "退款多久到账").items[0].path == "billing/退款政策.md"
+
+
+def test_a_stand_in_excerpt_is_not_kept_as_the_documents_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A document changed during a run (its excerpt stood in) and changed back (a branch switched and back) kept
+    # the excerpt's search terms under its scanned digest: later runs reused them, and its tail was never found.
+    from kindex.scan import Scan
+
+    kb = tmp_path / "kb"
+    filler = "\n\n".join("Paragraph about routine operations and maintenance windows." for _ in range(60))
+    write(kb / "ops" / "runbook.md", f"# Runbook\n\n{filler}\n\n## Failover\n\nUse the standby database replica.\n")
+    write(kb / "ops" / "other.md", "# Other\n\nNothing here.\n")
+    doc = kb / "ops" / "runbook.md"
+    original = doc.read_bytes()
+    real = Scan.read_text
+
+    def switched(self: Scan, d: kindex.ScannedDoc) -> str:
+        if d.rel == "ops/runbook.md":
+            doc.write_text("# Runbook\n\n(another branch)\n", encoding="utf-8")
+        return real(self, d)
+
+    from tests.fakeclient import FakeClient
+
+    options = kindex.Options(client=FakeClient())  # a model's entry: the same for the same scan, unlike an excerpt's
+    monkeypatch.setattr(Scan, "read_text", switched)
+    kindex.reindex(kb, options)
+    monkeypatch.undo()
+    doc.write_bytes(original)
+    assert kindex.reindex(kb, options).written == ()  # nothing looks changed
+    assert [h.path for h in kindex.search(kb, "standby database replica", min_relevance=0)] == ["ops/runbook.md"]
