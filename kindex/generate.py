@@ -208,7 +208,9 @@ def _run(
         remove_stale_temporaries(s)
         runner = _Runner(s, generator, opts, step)
         runner.report.skipped = list(s.skipped)
-        runner.report.notes.extend(f"{w.path}: {w.reason}" for w in s.warnings)  # said by preview only, before
+        # The scan's warnings (said by preview only, before), of what the step covers: a theme's for sub and doc.
+        within = "" if subject is None else subject + "/"
+        runner.report.notes.extend(f"{w.path}: {w.reason}" for w in s.warnings if w.path.startswith(within))
         try:
             _run_to_end(lambda: runner.run(body))
         except KeyboardInterrupt:
@@ -499,7 +501,8 @@ class _Runner:
             )
         # The root call does not depend on the documents' answers: it runs alongside them.
         await _all([self.root(counted=False), *(self.theme(name, counted=False) for name in s.themes)])
-        if not self.generator.offline:
+        if not self.generator.offline and not s.unreadable:
+            # A folder kindex may not read now holds answers already paid for: kept until it is readable again.
             self.cache.compact(self.live_keys)
 
 

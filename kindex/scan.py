@@ -21,6 +21,7 @@ from kindex.results import Skipped
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
+_UNREADABLE = "cannot be read"
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
 _BLANK_RUNS = re.compile(r"\n{3,}")
@@ -78,6 +79,11 @@ class Scan:
     stand_ins: set[str] = field(default_factory=set)
     """Documents :meth:`read_text` answered with the scan's excerpt (changed or unreadable since): what is made
     of that text must not be kept under the document's scanned digest."""
+
+    @property
+    def unreadable(self) -> bool:
+        """Whether a file or folder could not be read (permissions): the scan may miss documents that exist."""
+        return any(x.reason.startswith((_UNREADABLE, f"folder {_UNREADABLE}")) for x in self.skipped)
 
     @property
     def documents(self) -> tuple[ScannedDoc, ...]:
@@ -150,7 +156,7 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
 
     def unreadable(folder: Path, exc: OSError) -> None:
         rel = _show(folder.relative_to(root).as_posix())
-        skipped.append(Skipped(path=rel or ".", reason=f"folder cannot be read: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel or ".", reason=f"folder {_UNREADABLE}: {exc.strerror or exc}"))
 
     for here, depth, dirnames, filenames, links in walk(root, on_error=unreadable):
         rel_dir = here.relative_to(root).as_posix()
@@ -218,7 +224,7 @@ def _scan_file(
                 return None
         st = os.stat(path)
     except OSError as exc:
-        skipped.append(Skipped(path=rel, reason=f"cannot be read: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
         return None
     if not stat.S_ISREG(st.st_mode):
         skipped.append(Skipped(path=rel, reason="not a regular file"))
@@ -235,7 +241,7 @@ def _scan_file(
         skipped.append(Skipped(path=rel, reason=exc.message))
         return None
     except OSError as exc:
-        skipped.append(Skipped(path=rel, reason=f"cannot be read: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
         return None
     meta, body, problem = split_frontmatter(text)
     if problem:

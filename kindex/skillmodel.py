@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kindex.files import regular_file, walk
+from kindex.errors import SkillError
+from kindex.files import MAX_FOLDER_DEPTH, regular_file, walk
 from kindex.records import INDEX_FILE, THEME_TAGS_MAX, ThemeItem, clean_tags, clean_text
 from kindex.results import Context, SkillClosure
 from kindex.scan import split_frontmatter
@@ -233,8 +234,10 @@ def package_files(folder: Path) -> list[tuple[str, Path]]:
     if folder.is_symlink():
         return []
     out = []
-    for here, _, dirnames, filenames, _ in walk(folder):
+    for here, depth, dirnames, filenames, _ in walk(folder):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if dirnames and depth >= MAX_FOLDER_DEPTH:  # the walk goes no deeper: a package missing files is no package
+            raise SkillError(f"{folder.name}: folders nested deeper than {MAX_FOLDER_DEPTH} levels cannot be packaged")
         for name in filenames:
             path = here / name
             if name.startswith(".") or name == INDEX_FILE or path.is_symlink() or not path.is_file():

@@ -8,6 +8,7 @@ file can: that the entries match the scanned folder, once each, in the contract'
 from __future__ import annotations
 
 import os
+import shlex
 from collections import Counter
 from typing import Any
 
@@ -47,7 +48,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         if _list(index, "themes"):
             problems.append(f"{label}: 'themes' must be empty in a theme index")
         problems += _entries(index, label, "documents", "path")
-        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {name}")
+        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {shlex.quote(name)}")
     return problems
 
 

@@ -186,3 +186,14 @@ def test_a_missing_extra_is_named_with_an_install_command_for_this_kindex(
         result = CliRunner().invoke(main, ["serve", "--kb-root", str(tmp_path)])
         assert result.exit_code == 1
         assert result.stderr == f"Error: the HTTP service needs kindex's server extra (uvicorn is missing): {advice}\n"
+
+
+def test_validate_quotes_the_theme_in_the_command_it_suggests(tmp_path: Path) -> None:
+    # `kindex sub KB my docs` failed with "Got unexpected extra argument (docs)".
+    kb = tmp_path / "kb"
+    (kb / "my docs").mkdir(parents=True)
+    (kb / "my docs" / "a.md").write_text("# A\n\ntext\n", encoding="utf-8")
+    assert CliRunner().invoke(main, ["reindex", str(kb)]).exit_code == 0
+    (kb / "my docs" / "b.md").write_text("# B\n\ntext\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(kb)])
+    assert "my docs/index.json: scanned document 'b.md' has no entry (run `kindex sub KB 'my docs'`)" in result.stdout

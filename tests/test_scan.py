@@ -125,7 +125,9 @@ def test_a_tree_a_thousand_folders_deep_is_scanned_to_its_bound(tmp_path: Path) 
         assert [d.rel for d in s.documents] == ["t/a.md", "t/" + "d/" * (BOUND - 1) + "kept.md"]
         kindex.reindex(kb)
         assert kindex.validate(kb) == []
-        assert [rel for rel, _ in package_files(kb / "t")] == ["a.md", "d/" * (BOUND - 1) + "kept.md"]
+        # A skill package is all its files or none: export and sync would drop the deep ones without a word.
+        with pytest.raises(kindex.SkillError, match=f"folders nested deeper than {BOUND} levels cannot be packaged"):
+            package_files(kb / "t")
     finally:
         (chain[-1] / "deep.md").unlink()
         for folder in reversed(chain[BOUND - 1 :]):
@@ -226,9 +228,12 @@ def test_folders_that_cannot_be_read_are_skipped_with_the_reason(
     import shutil
 
     from tests.conftest import SAMPLE_KB
+    from tests.fakeclient import FakeClient
 
     kb = tmp_path / "kb"
     shutil.copytree(SAMPLE_KB, kb)
+    options = kindex.Options(client=FakeClient())
+    paid = kindex.reindex(kb, options).calls
     locked, listed_only = kb / "sync", kb / "billing" / "企业采购"
     real_scandir, real_stat = os.scandir, os.stat
 
@@ -255,8 +260,13 @@ def test_folders_that_cannot_be_read_are_skipped_with_the_reason(
     assert reasons["sync"] == "folder cannot be read: Permission denied"
     assert reasons["billing/企业采购/对公转账.md"] == "cannot be read: Permission denied"
     assert "sync" not in s.themes and "billing" in s.themes
-    kindex.reindex(kb)
+    kindex.reindex(kb, options)
     assert kindex.build_context(kb, "退款多久到账").items[0].path == "billing/退款政策.md"
+    # The answers of what could not be read were paid for: the reindex kept them (it dropped 6 of sync's), and
+    # only the root, whose answer depends on the themes there are, is asked again.
+    monkeypatch.undo()
+    again = kindex.reindex(kb, options)
+    assert paid > 0 and again.calls == 1 and again.cache_hits == paid - 1
 
 
 def test_a_stand_in_excerpt_is_not_kept_as_the_documents_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
