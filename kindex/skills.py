@@ -214,15 +214,17 @@ def _set_name(skill_md: Path, name: str) -> None:
     """Rewrite the ``name:`` line of ``SKILL.md``'s frontmatter, and only there: the body may hold a ``name:``
     line of its own (a YAML example). A name written any other way (a quoted key, a flow mapping, a folded
     scalar) is refused rather than guessed at: the result is checked by parsing it again."""
-    text = skill_md.read_text(encoding="utf-8")
+    with open(skill_md, encoding="utf-8", newline="") as fh:  # line endings as written: CRLF stays CRLF
+        text = fh.read()
     lines = text.split("\n")
     end = next((i for i, line in enumerate(lines[1:], 1) if line.rstrip() in ("---", "...")), 0)
     at = next((i for i in range(1, end) if _NAME_LINE.match(lines[i])), None) if lines[0].rstrip() == "---" else None
     if at is not None:
-        lines[at] = f"name: {name}"
+        lines[at] = f"name: {name}" + ("\r" if lines[at].endswith("\r") else "")
         new = "\n".join(lines)
         if split_frontmatter(new)[0].get("name") == name:
-            skill_md.write_text(new, encoding="utf-8")
+            with open(skill_md, "w", encoding="utf-8", newline="") as fh:
+                fh.write(new)
             return
     raise SkillError(
         f"{SKILL_FILE}: cannot rename the skill to {name!r}: its frontmatter does not write the name as a plain "

@@ -168,6 +168,10 @@ def test_a_rename_never_edits_the_body_or_half_a_name(library: Path, frontmatter
     assert skills.import_skill(library, plain).name == "demo-v2"
     text = (library / "demo-v2" / "SKILL.md").read_text(encoding="utf-8")
     assert text.startswith("---\nname: demo-v2\ndescription: d\n") and text.endswith(body)
+    # Line endings as written: the rename turned a CRLF file into LF.
+    crlf = make_zip({"demo/SKILL.md": f"---\nname: demo\ndescription: d\n---\n{body}".replace("\n", "\r\n")})
+    assert skills.import_skill(library, crlf).name == "demo-v3"
+    assert (library / "demo-v3" / "SKILL.md").read_bytes().startswith(b"---\r\nname: demo-v3\r\ndescription: d\r\n")
 
 
 @pytest.mark.parametrize(
