@@ -101,9 +101,9 @@ _OWN_START = re.compile(rb'\{\s*"version"\s*:\s*1\b')
 
 def refuse_foreign(path: Path, label: str) -> None:
     """:class:`InvalidFileError` unless ``path`` may be replaced by a step: nothing there, a special file, or what
-    kindex writes (``{"version": 1, …}``, ``{}``, an object of only ``themes``/``documents`` lists, or a damaged
-    file that starts as kindex's do). Anything else is the user's (an OpenAPI document, a package manifest with
-    its own "version", a site's search data, JSON with NaN or a BOM), and replacing it would lose it."""
+    kindex writes (``{"version": 1, …}``, ``{}``, an object of only ``themes``/``documents`` lists, a damaged
+    file that starts as kindex's do, an empty one). Anything else is the user's (an OpenAPI document, a package
+    manifest with its own "version", a site's search data, JSON with NaN or a BOM): replacing it would lose it."""
     if not regular_file(path):
         return  # none, a FIFO or a device (replaced), a folder (the write says so)
     try:
@@ -111,13 +111,13 @@ def refuse_foreign(path: Path, label: str) -> None:
     except OSError:
         return  # unreadable: the write says so
     except InvalidFileError:
-        data = b""  # larger than any index kindex writes
+        data = None  # larger than any index kindex writes
+    if data is not None and (not data.strip() or _OWN_START.match(data)):
+        return  # empty, or kindex's own, whole or damaged: no parse of what the step reads again anyway
     try:
-        obj = orjson.loads(data)
+        obj = orjson.loads(data or b"")
     except orjson.JSONDecodeError:
-        if _OWN_START.match(data):
-            return  # an index of kindex's own, damaged
-        what = "larger than any kindex index" if data == b"" else "no JSON kindex reads"
+        what = "larger than any kindex index" if data is None else "no JSON kindex reads"
     else:
         if isinstance(obj, dict) and (
             obj.get("version") == 1

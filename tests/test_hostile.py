@@ -550,6 +550,12 @@ def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Pat
         assert time.monotonic() - started < 30  # not the 120 s it was told it could wait
         with pytest.raises(kindex.BusyError, match="another kindex run is writing"):
             kindex.reindex(sample_kb, options=kindex.Options(wait=0.5))
+        # The holder's name is read for that message: a FIFO in its place blocked the refusal for good.
+        holder = sample_kb / ".kindex" / "write.holder.json"
+        holder.unlink()
+        os.mkfifo(holder)
+        with pytest.raises(kindex.BusyError, match=r"\(holder unknown\)"):
+            kindex.reindex(sample_kb, options=kindex.Options(wait=0.1))
     finally:
         release.set()
         thread.join(30)
@@ -634,9 +640,13 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
         with pytest.raises(kindex.InvalidFileError, match="holds a file that is not a kindex index"):
             kindex.reindex(sample_kb)
         assert (sample_kb / "index.json").read_bytes() == foreign
-    (sample_kb / "index.json").write_bytes(b'{\n  "version": 1,\n  "themes": [')  # kindex's own, damaged: replaced
-    kindex.reindex(sample_kb)
-    assert kindex.validate(sample_kb) == []
+    for replaced in (b'{\n  "version": 1,\n  "themes": [', b"", b"\n"):  # kindex's own, damaged; empty
+        (sample_kb / "index.json").write_bytes(replaced)
+        kindex.reindex(sample_kb)
+        assert kindex.validate(sample_kb) == []
+    (sample_kb / "index.json").write_bytes(b"[" * (70 * 2**20))  # over 64 MiB: no kindex index is that large
+    with pytest.raises(kindex.InvalidFileError, match=r"not a kindex index \(larger than any kindex index\)"):
+        kindex.root(sample_kb)
 
 
 def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
