@@ -204,6 +204,13 @@ def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
         assert r.headers["www-authenticate"] == "Bearer"
     assert call(app, "GET", "/v1/tasks/x", auth=False).status_code == 401
     assert call(app, "GET", "/healthz", auth=False).status_code == 200
+    # A body that fails validation is parsed before the token is checked; it answered 422 naming the field.
+    json_type = {"Content-Type": "application/json"}
+    for content in (b"{bad", b"[1]", b'{"message": "x", "budget_tokens": "100"}'):
+        r = call(app, "POST", f"{BASE}/context", auth=False, content=content, headers=json_type)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
+    r = call(app, "POST", f"{BASE}/context", content=b"{bad", headers=json_type)
+    assert r.status_code == 422, r.text
 
 
 def test_request_bodies_are_size_limited(app: FastAPI) -> None:

@@ -19,7 +19,7 @@ from kindex.llm import LLMClient, LLMSettings
 from kindex.server import routes
 from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
 from kindex.server.schemas import ErrorResponse
-from kindex.server.state import ServerState
+from kindex.server.state import ServerState, authorize
 from kindex.server.tasks import DEFAULT_TASK_WORKERS, TaskEngine, Tasks
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -103,6 +103,6 @@ def create_app(
     app.state.kb_root = root
     for router in (routes.knowledge, routes.skills_router, routes.tasks_router, routes.health):
         app.include_router(router)
-    install_handlers(app)
+    install_handlers(app, authorize)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     return app

@@ -61,8 +61,10 @@ def error_response(err: KindexError, message: str | None = None) -> JSONResponse
     return JSONResponse({"error": error_fields(err, message)}, status_code=err.http_status, headers=headers)
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Every failure answers in the one error shape; every request is logged as one JSON line."""
+def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
+    """Every failure answers in the one error shape; every request is logged as one JSON line. ``guard`` is the
+    access check the routes depend on: a body FastAPI cannot parse fails before it runs, so the handler runs it
+    first."""
 
     @app.exception_handler(KindexError)
     async def kindex_error(request: Request, exc: KindexError) -> JSONResponse:
@@ -70,7 +72,15 @@ def install_handlers(app: FastAPI) -> None:
         return error_response(exc, message)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI decodes the JSON body before it runs a route's dependencies, so a caller without the token
+        # learnt the body's rules (a 422 naming the field) before being told to authenticate.
+        route = request.scope.get("route")
+        if any(dep.dependency is guard for dep in getattr(route, "dependencies", ())):
+            try:
+                guard(request)
+            except KindexError as err:
+                return error_response(err)
         first = exc.errors()[0] if exc.errors() else {}
         loc = tuple(first.get("loc", ()))
         if first.get("type") == "json_invalid":
