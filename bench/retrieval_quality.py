@@ -29,6 +29,13 @@ Baselines, on the same documents in the same run (bm25s, k1 1.5, b 0.75):
   bm25s-char:  full text, character unigrams + bigrams (Han), Latin words;
   bm25s-kx:    the index entry (title, tags, summary, questions) + full text, with kindex's own analysis;
   bm25s-en:    (English KBs) full text, bm25s's English stop words and the Snowball English stemmer.
+With --llamaindex (measured with `pip install llama-index-core==0.14.25 llama-index-retrievers-bm25==0.8.0` in a venv
+beside kindex: they are not in the bench extra), also LlamaIndex's own offline retrieval as its users set it up:
+SimpleDirectoryReader over the .md files, the default SentenceSplitter chunks (1,024 tokens, 200 overlap),
+BM25Retriever (bm25s underneath), a document ranked by its best chunk:
+  llamaindex-bm25:      as shipped (English stop words and stemmer, tokens of two or more word characters, which
+                        makes a run of Chinese characters one token);
+  llamaindex-bm25-char: with the token pattern a Chinese user would pass (each Han character a token).
 A kindex ranking that falls back (off topic) counts as a miss. Per set: Hit@1, Hit@5, MRR@10, nDCG@10, and per
 question wins/losses (nDCG@10) against the best baseline of that set. The hand-written and helper dev questions are
 also asked with one of VALUES appended (a user name, a ticket, an e-mail address…), which must not push them off
@@ -173,6 +180,35 @@ def baselines(kb: Path, english: bool = False) -> dict[str, Ranker]:
     return out
 
 
+# Han characters one by one, other words of two or more word characters as LlamaIndex's default pattern has them.
+LLAMAINDEX_CHAR_PATTERN = r"(?u)[\u3400-\u9fff\uf900-\ufaff]|[^\W\u3400-\u9fff\uf900-\ufaff]{2,}"
+
+
+def llamaindex_rankers(kb: Path) -> dict[str, Ranker]:
+    """LlamaIndex's BM25 retrieval over ``kb`` as its documentation sets it up (see the module docstring)."""
+    from llama_index.core import SimpleDirectoryReader
+    from llama_index.core.node_parser import SentenceSplitter
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    docs = SimpleDirectoryReader(str(kb), recursive=True, required_exts=[".md"]).load_data()
+    nodes = SentenceSplitter().get_nodes_from_documents(docs)
+
+    def ranker(**options: str) -> Ranker:
+        retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=min(100, len(nodes)), **options)
+
+        def rank(query: str) -> list[str]:
+            out: list[str] = []
+            for hit in retriever.retrieve(query):
+                rel = Path(hit.node.metadata["file_path"]).relative_to(kb).as_posix()
+                if hit.score and hit.score > 0 and rel not in out:
+                    out.append(rel)
+            return out[:10]
+
+        return rank
+
+    return {"llamaindex-bm25": ranker(), "llamaindex-bm25-char": ranker(token_pattern=LLAMAINDEX_CHAR_PATTERN)}
+
+
 _IDENT = re.compile(r"(?<![\w.-])(?:[A-Za-z0-9]+(?:[-_.][A-Za-z0-9]+)+|[a-z]{2,}[A-Z][A-Za-z0-9]*)(?![\w])")
 
 
@@ -217,6 +253,7 @@ def main() -> None:
     ap.add_argument("--sets", choices=("dev", "heldout", "all"), default="all")
     ap.add_argument("--keep", type=Path, help="index into this folder and reuse it on the next run")
     ap.add_argument("--kbs", default=",".join(KBS), help="comma-separated corpora to run")
+    ap.add_argument("--llamaindex", action="store_true", help="add LlamaIndex's BM25 retrieval as two more baselines")
     args = ap.parse_args()
     if not CORPORA.is_dir():
         sys.exit(f"corpora not found at {CORPORA}")
@@ -283,6 +320,8 @@ def main() -> None:
         print(f"{name}: indexed offline in {time.perf_counter() - started:.2f} s", file=sys.stderr)
         rankers: dict[str, Ranker] = {"kindex": lambda q, kb=kb: [i.path for i in kindex.search(kb, q, limit=10)]}
         rankers.update(baselines(kb, english=name.endswith("/en")))
+        if args.llamaindex:
+            rankers.update(llamaindex_rankers(kb))
         for set_name, queries in sets.items():
             results = evaluate(rankers, queries)
             base = max((b for b in results if b != "kindex"), key=lambda b: mean(results[b], "ndcg@10"))
