@@ -162,6 +162,19 @@ def test_help_preview_and_validate_never_import_litellm(sample_kb: Path) -> None
     assert out.strip() == "False"
 
 
+@pytest.mark.slow  # a fresh interpreter
+def test_python_dash_m_kindex_is_the_command(tmp_path: Path) -> None:
+    # It said "No module named kindex.__main__": what people type when the script is not on PATH.
+    out = subprocess.run(
+        [sys.executable, "-m", "kindex", "context", str(tmp_path), "退款"], capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "has no index yet: run `kindex reindex` on it first" in out.stderr, out.stderr
+    assert (
+        "Usage: kindex "
+        in subprocess.run([sys.executable, "-m", "kindex", "--help"], capture_output=True, text=True).stdout
+    )
+
+
 def test_a_missing_extra_is_named_with_an_install_command_for_this_kindex(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
