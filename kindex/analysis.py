@@ -64,6 +64,8 @@ _ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
+_PATH_RUN = re.compile(r"[\w.~/\\:+-]+")
+"""What a file path is written with; one character class repeated: linear."""
 MAX_WORD = 64
 """Longer Latin "words" are hashes, base64 or garbage: no one searches for them."""
 MAX_VOCAB_TERM = 8
@@ -436,8 +438,9 @@ def mixes_letters_and_digits(word: str) -> bool:
 
 
 def value_terms(text: str) -> frozenset[str]:
-    """The terms of ``text`` that come only from its values: URLs, e-mail addresses, and words that mix letters
-    and digits (a ticket ``INC0012345``, a host ``DESKTOP-8F3K2J``, a user ``zhangsan01``, a code ``0x80180014``).
+    """The terms of ``text`` that come only from its values: URLs, e-mail addresses, file paths (``src/App.tsx``,
+    ``C:\\logs\\app.log``, ``docs/guide/``) and words that mix letters and digits (a ticket ``INC0012345``, a
+    host ``DESKTOP-8F3K2J``, a user ``zhangsan01``, a code ``0x80180014``).
 
     A question names its subject with words; a value it carries (whom, which machine, which error) is about the
     asker's case, as a number is. Linear: a split on white space and Chinese runs, the tokenizer's own regex.
@@ -449,12 +452,35 @@ def value_terms(text: str) -> frozenset[str]:
             if "://" in piece or "@" in piece:
                 values.append(piece)
                 continue
+            if "/" in piece or "\\" in piece:  # a path may be glued to punctuation: 见src/App.tsx，
+                kept, start = [], 0
+                for m in _PATH_RUN.finditer(piece):
+                    if _is_path(m.group()):
+                        values.append(m.group())
+                        kept.append(piece[start : m.start()])
+                        start = m.end()
+                kept.append(piece[start:])
+                piece = " ".join(kept)
             for m in _TOKEN.finditer(piece):
                 word = m.group("word")
                 (values if word and mixes_letters_and_digits(word) else rest).append(m.group())
     if not values:
         return frozenset()
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
+
+
+def _is_path(piece: str) -> bool:
+    """A file path, as a chat message pastes one: two separators or more (``src/components/``), or one and a file
+    name with its extension (``src/App.tsx``). ``TCP/IP``, ``CI/CD`` and ``and/or`` are words, and a bare
+    ``Node.js`` is a name."""
+    separators = piece.count("/") + piece.count("\\")
+    if separators >= 2:
+        return True
+    if not separators:
+        return False
+    last = piece.replace("\\", "/").rstrip("/").rpartition("/")[2]
+    stem, dot, ext = last.rpartition(".")
+    return bool(dot and stem and 1 <= len(ext) <= 8 and ext[0].isalpha() and ext.isalnum())
 
 
 def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:

@@ -145,9 +145,14 @@ def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None
     assert {"portal", "contoso"} <= url and not url & {"访问", "报错"}
     assert analysis.value_terms("contoso 和 zhangsan01") == {"zhangsan01", "zhangsan"}  # contoso is said as a word
     assert analysis.value_terms("2024年的发票 CORS middleware") == frozenset()  # numbers and words are no values
+    assert analysis.value_terms("改一下 src/App.tsx 的组件") == {"src", "app.tsx", "app", "tsx"}
+    assert analysis.value_terms("在docs/guide/里") == {"doc", "guid"}
+    assert analysis.value_terms("TCP/IP、CI/CD 和 and/or，Node.js") == frozenset()  # words and names, no paths
+    assert analysis.value_terms("见src/App.tsx，报错") == {"src", "app.tsx", "app", "tsx"}
     assert analysis.value_terms("a1" * 100_000) == frozenset()  # longer than any word: no term at all
     # 200,000 values in one 1.5 MB line without a space: linear (cutting each out of the line took 145 s).
     assert len(analysis.value_terms(",".join(f"a{i}" for i in range(200_000)))) == 200_000
+    assert len(analysis.value_terms(",".join(f"d/x{i}.md" for i in range(200_000)))) == 200_002  # and of paths
 
 
 def test_letters_of_every_script_split_alike_and_lose_their_accents() -> None:

@@ -120,7 +120,15 @@ def test_a_compound_the_kb_holds_by_its_parts_is_no_unknown_word(indexed: Path) 
 
 @pytest.mark.parametrize(
     "value",
-    ["用户 zhangsan01", "工单 INC0012345", "错误 0x80180014", "john.doe@contoso.com", "https://portal.contoso.cn/x"],
+    [
+        "用户 zhangsan01",
+        "工单 INC0012345",
+        "错误 0x80180014",
+        "john.doe@contoso.com",
+        "https://portal.contoso.cn/x",
+        "见 docs/billing/refund.md",  # a path, as a coding agent's user pastes one: it pushed this off topic
+        r"见 C:\logs\refund.log",
+    ],
 )
 def test_a_value_the_kb_cannot_know_does_not_push_a_question_off_topic(indexed: Path, value: str) -> None:
     # A name the KB never uses weighs twice its rarity (git, MySQL: another product). A user name, a ticket, an
