@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from kindex.analysis import normalize
 from kindex.markdown import Line
 from kindex.markdown import lines as markdown_lines
-from kindex.tokenize import char_counts, estimate_tokens, tokens_of
+from kindex.tokenize import estimate_tokens, tokens_of, units
 
 OMITTED_MARK = "\n\n[…]\n\n"
 
@@ -22,20 +22,22 @@ SECTION_SCAN_CHARS = 20_000
 def _costs(lines: Sequence[Line]) -> list[int]:
     """Cumulative token estimates: ``cum[i]`` is exactly ``estimate_tokens`` of the first ``i`` lines."""
     cum = [0]
-    cjk = other = 0
+    total = 0
     for line in lines:
-        c, o = char_counts(line.text)
-        cjk, other = cjk + c, other + o
-        cum.append(tokens_of(cjk, other))
+        total += units(line.text)
+        cum.append(tokens_of(total))
     return cum
 
 
 def _char_cut(line: str, budget: int) -> str:
     """The longest start of one oversized line within ``budget`` tokens, ending at a sentence end if that keeps
     most of it (a last resort: never inside a character)."""
-    part = line[: max(budget, 0) * 4]
-    while part and estimate_tokens(part) > budget:
-        part = part[: len(part) * 3 // 4]
+    # No character costs less than a twentieth of a token (a space): the cut lies within budget × 20 characters.
+    low, high = 0, min(len(line), max(budget, 0) * 20)
+    while low < high:  # the longest start within the budget: the estimate grows with the length
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if estimate_tokens(line[:mid]) <= budget else (low, mid - 1)
+    part = line[:low]
     end = max(part.rfind(mark) for mark in "。！？.!?;；")
     return part[: end + 1] if end >= len(part) // 2 else part
 

@@ -25,13 +25,13 @@ from kindex.server.tasks import DEFAULT_TASK_WORKERS, TaskEngine, Tasks
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": desc}
     for status, desc in (
-        (400, "Malformed request body (`invalid_request`)."),
+        (400, "A request the server cannot read, such as a malformed multipart upload (`invalid_request`)."),
         (401, "Missing or wrong bearer token (`unauthorized`)."),
         (403, "Without a token: a request not to and from this machine (`forbidden`)."),
         (404, "Unknown KB, theme, document or task."),
         (409, "The agent's KB is busy, has no index, or the task was cancelled."),
         (413, "Request body too large."),
-        (422, "Invalid request (`invalid_request`)."),
+        (422, "A body that is not a JSON object, or a field of the wrong type or out of bounds (`invalid_request`)."),
         (502, "The model could not be used (`model_error`)."),
         (503, "Queue mode: the queue's Redis cannot be reached (`queue_unavailable`)."),
     )
