@@ -45,6 +45,8 @@ MAX_CONFIG_BYTES = 64 * 1024
 MIN_BUDGET_TOKENS = 50
 MAX_BUDGET_TOKENS = 200_000
 MAX_DOCS_LIMIT = 50
+MAX_ANSWER_TOKENS = 1_000_000
+"""No model answers more; a larger cap (2**64) crashed the cache key and every step of the agent."""
 RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
 
 
@@ -144,7 +146,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_base", "model", _optional_text, None, "base URL of an OpenAI-compatible endpoint"),
     Setting("temperature", "model", _number(float, 0.0, 2.0), 0.1, "sampling temperature"),
     Setting("timeout", "model", _number(float, 0.001), 60.0, "seconds per model call"),
-    Setting("max_tokens", "model", _number(int, 1), 600, "answer length cap"),
+    Setting("max_tokens", "model", _number(int, 1, MAX_ANSWER_TOKENS), 600, "answer length cap"),
     Setting("retries", "model", _number(int, 0, 100), 4, "retries on 429/5xx/timeouts"),
     Setting("retry_base_delay", "model", _number(float, 0.0), 1.0, "seconds before the first retry"),
     Setting("response_format", "model", _choice(*RESPONSE_FORMATS), "auto", "how to ask for JSON"),

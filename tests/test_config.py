@@ -133,6 +133,7 @@ def test_search_lists_the_ranking_without_the_documents(sample_kb: Path) -> None
         ("context = 5\n", "context must be a section"),
         ('[context]\nfallback_docs = ["../secret.md"]\n', "is not a KB-relative path"),
         ('[context]\nfallback_docs = ["C:/secret.md"]\n', "is not a KB-relative path"),
+        ("[model]\nmax_tokens = 100000000000000000000\n", "[model] max_tokens: must be 1 to 1000000"),
     ],
 )
 def test_hostile_config_values_are_named_errors(sample_kb: Path, text: str, message: str) -> None:
