@@ -45,6 +45,8 @@ from typing import Any
 
 import Stemmer
 
+from kindex.globs import file_path_spans
+
 ANALYZER_VERSION = 8
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
@@ -64,8 +66,6 @@ _ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
-_PATH_RUN = re.compile(r"[\w.~/\\:+-]+")
-"""What a file path is written with; one character class repeated: linear."""
 MAX_WORD = 64
 """Longer Latin "words" are hashes, base64 or garbage: no one searches for them."""
 MAX_VOCAB_TERM = 8
@@ -454,11 +454,10 @@ def value_terms(text: str) -> frozenset[str]:
                 continue
             if "/" in piece or "\\" in piece:  # a path may be glued to punctuation: 见src/App.tsx，
                 kept, start = [], 0
-                for m in _PATH_RUN.finditer(piece):
-                    if _is_path(m.group()):
-                        values.append(m.group())
-                        kept.append(piece[start : m.start()])
-                        start = m.end()
+                for begin, end in file_path_spans(piece):
+                    values.append(piece[begin:end])
+                    kept.append(piece[start:begin])
+                    start = end
                 kept.append(piece[start:])
                 piece = " ".join(kept)
             for m in _TOKEN.finditer(piece):
@@ -467,20 +466,6 @@ def value_terms(text: str) -> frozenset[str]:
     if not values:
         return frozenset()
     return frozenset(analyze(" ".join(values))) - frozenset(analyze(" ".join(rest)))
-
-
-def _is_path(piece: str) -> bool:
-    """A file path, as a chat message pastes one: two separators or more (``src/components/``), or one and a file
-    name with its extension (``src/App.tsx``). ``TCP/IP``, ``CI/CD`` and ``and/or`` are words, and a bare
-    ``Node.js`` is a name."""
-    separators = piece.count("/") + piece.count("\\")
-    if separators >= 2:
-        return True
-    if not separators:
-        return False
-    last = piece.replace("\\", "/").rstrip("/").rpartition("/")[2]
-    stem, dot, ext = last.rpartition(".")
-    return bool(dot and stem and 1 <= len(ext) <= 8 and ext[0].isalpha() and ext.isalnum())
 
 
 def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:

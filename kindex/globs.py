@@ -39,6 +39,26 @@ def paths_in_text(text: str) -> list[str]:
     return out
 
 
+def file_path_spans(text: str) -> list[tuple[int, int]]:
+    """Where ``text`` names a file or a folder, as a chat message pastes one: of the path-like tokens
+    :func:`paths_in_text` finds, those with two separators or more (``src/components/``, a trailing one counted),
+    or one and a file name with its extension (``src/App.tsx``). ``TCP/IP``, ``CI/CD`` and ``and/or`` are words and
+    a bare ``Node.js`` is a name, though a rule's glob may still match them."""
+    out: list[tuple[int, int]] = []
+    for m in _PATH_IN_TEXT.finditer(text):
+        start, end = m.span(1)
+        if text[end : end + 1] in ("/", "\\"):
+            end += 1
+        path = text[start:end].replace("\\", "/")
+        if path.count("/") >= 2:
+            out.append((start, end))
+        elif "/" in path:
+            stem, dot, ext = path.rstrip("/").rpartition("/")[2].rpartition(".")
+            if dot and stem and 1 <= len(ext) <= 8 and ext[0].isalpha() and ext.isalnum():
+                out.append((start, end))
+    return out
+
+
 # Bounds that make matching cheap whatever a message or an author writes: wcmatch's regex work grows with the
 # number of path segments raised to the number of "**" in the glob, so both are capped. No real path is longer
 # than PATH_MAX (4096) or deeper than 64 folders; a glob needs at most two "**" (e.g. src/**/components/**/*.tsx).
