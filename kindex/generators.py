@@ -21,6 +21,7 @@ from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings, Messag
 from kindex.records import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
 from kindex.sanitize import doc_entry, require_root_lists
 from kindex.scan import Scan, ScannedDoc
+from kindex.tokenize import estimate_tokens
 
 DOC_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -58,6 +59,9 @@ _DOC_SHAPE = '{"title": "...", "summary": "...", "tags": ["..."], "questions": [
 _ROOT_SHAPE = '{"themes": [{"dir", "title", "summary", "tags"}], "documents": [{"path", "title", "summary", "tags"}]}'
 ROOT_EXCERPT_CHARS = 400
 ROOT_TITLES_PER_THEME = 20
+ROOT_TOKENS_PER_ENTRY = 300
+"""The most one root entry of the prompt's bounds costs (a 30-character title, a 150-character summary and 8 tags:
+about 250 characters, at the 1.2 tokens of a Chinese character), its dir or path aside."""
 
 
 @dataclass
@@ -186,7 +190,11 @@ class LLMGenerator:
         return await self._ask(messages, DOC_SCHEMA, _DOC_SHAPE, _check_doc)
 
     async def describe_root(self, scan: Scan) -> Answer:
-        return await self._ask(root_messages(scan), ROOT_SCHEMA, _ROOT_SHAPE, require_root_lists)
+        # One answer lists every theme and top document: the configured cap (sized for one entry) would cut off
+        # a KB with a dozen themes every run.
+        return await self._ask(
+            root_messages(scan), ROOT_SCHEMA, _ROOT_SHAPE, require_root_lists, max_tokens=root_answer_tokens(scan)
+        )
 
     async def _ask(
         self,
@@ -194,6 +202,7 @@ class LLMGenerator:
         schema: Mapping[str, Any],
         shape: str,
         check: Callable[[Mapping[str, Any]], object],
+        max_tokens: int | None = None,
     ) -> Answer:
         usage = Usage()
         convo = list(messages)
@@ -201,7 +210,7 @@ class LLMGenerator:
             if self.cancel is not None and self.cancel.is_set():
                 raise CancelledRun("the run was cancelled; every index file is as it was before the cancel")
             try:
-                completion = await self.client.complete(convo, json_schema=schema)
+                completion = await self.client.complete(convo, json_schema=schema, max_tokens=max_tokens)
             except ModelCallError as exc:
                 usage.calls += 1  # a call that failed was still made (and may be billed): the report counts it
                 usage.retries += exc.retries
@@ -210,8 +219,7 @@ class LLMGenerator:
                 ) from None
             usage.add(completion)
             try:
-                obj = _extract_or_salvage(completion.text)
-                check(obj)
+                obj = _extract_or_salvage(completion.text, check)
             except AnswerError as exc:
                 if attempt == 2:
                     raise GenerationFailed(
@@ -229,15 +237,25 @@ class LLMGenerator:
         raise GenerationFailed("no answer after the repair request", usage)  # the loop always returns first
 
 
-def _extract_or_salvage(text: str) -> dict[str, Any]:
-    """The answer's object; for an answer cut off by ``max_tokens``, its complete members (see
-    :func:`salvage_truncated`), which spares a repair request that would most likely be cut off again."""
+def _extract_or_salvage(text: str, check: Callable[[Mapping[str, Any]], object]) -> dict[str, Any]:
+    """The answer's object, checked; for an answer cut off by ``max_tokens``, its complete part (see
+    :func:`salvage_truncated`), which spares a repair request that would most likely be cut off again.
+
+    The check decides, not the extraction alone: in a root answer cut off inside its themes, the first closed
+    object is a theme, not the answer.
+    """
     try:
-        return extract_object(text)
+        obj = extract_object(text)
+        check(obj)
+        return obj
     except AnswerError as exc:
-        salvaged = salvage_truncated(text) if "not closed" in exc.message else None
+        salvaged = salvage_truncated(text)
         if salvaged is None:
             raise
+        try:
+            check(salvaged)
+        except AnswerError:
+            raise exc from None
         return salvaged
 
 
@@ -258,6 +276,12 @@ def doc_messages(doc: ScannedDoc) -> list[Message]:
         {"role": "system", "content": templating.render("doc_system.j2")},
         {"role": "user", "content": user},
     ]
+
+
+def root_answer_tokens(scan: Scan) -> int:
+    """Tokens the root answer may need: one bounded entry per theme and per top document, and the braces."""
+    names = [*scan.themes, *(d.path_in_theme for d in scan.root_docs)]
+    return 50 + sum(ROOT_TOKENS_PER_ENTRY + estimate_tokens(name) for name in names)
 
 
 def root_messages(scan: Scan) -> list[Message]:

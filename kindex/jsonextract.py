@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -65,23 +66,15 @@ def extract_object(text: str) -> dict[str, Any]:
     raise AnswerError("the answer holds braces but no valid JSON object")
 
 
-def _object_spans(text: str) -> list[tuple[int, int]]:
-    """Every ``{`` outside JSON strings with the index of its closing ``}`` (-1 if it never closes), by start."""
-    return _scan(text)[0]
+def _structure(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """The brackets and commas of ``text`` from ``start`` that lie outside JSON strings, with their indices.
 
-
-def _scan(text: str) -> tuple[list[tuple[int, int]], list[int]]:
-    """Object spans (see :func:`_object_spans`) and the commas directly inside the first object.
-
-    One pass with a stack: linear in the answer, whatever its shape (a per-brace scan was quadratic on "{" * n).
     Quotes count as strings only inside an object, so prose before the object cannot hide it.
     """
-    spans: list[tuple[int, int]] = []
-    commas: list[int] = []
-    stack: list[int] = []
-    depth = 0  # of objects and arrays, inside the first object
+    depth = 0  # of braces, as the object scan counts them
     in_string = escaped = False
-    for i, ch in enumerate(text):
+    for i in range(start, len(text)):
+        ch = text[i]
         if in_string:
             if escaped:
                 escaped = False
@@ -89,46 +82,93 @@ def _scan(text: str) -> tuple[list[tuple[int, int]], list[int]]:
                 escaped = True
             elif ch == '"':
                 in_string = False
-        elif ch == '"' and stack:
-            in_string = True
-        elif ch == "{":
+        elif ch == '"':
+            in_string = depth > 0
+        elif ch in "{}[],":
+            if ch == "{":
+                depth += 1
+            elif ch == "}" and depth:
+                depth -= 1
+            yield i, ch
+
+
+def _object_spans(text: str) -> list[tuple[int, int]]:
+    """Every ``{`` outside JSON strings with the index of its closing ``}`` (-1 if it never closes), by start.
+
+    One pass with a stack: linear in the answer, whatever its shape (a per-brace scan was quadratic on "{" * n).
+    """
+    spans: list[tuple[int, int]] = []
+    stack: list[int] = []
+    for i, ch in _structure(text):
+        if ch == "{":
             stack.append(len(spans))
             spans.append((i, -1))
-            depth += 1 if spans[0][1] < 0 else 0
         elif ch == "}" and stack:
             at = stack.pop()
             spans[at] = (spans[at][0], i)
-            depth -= 1 if depth else 0
-        elif spans and spans[0][1] < 0:
-            if ch == "[":
-                depth += 1
-            elif ch == "]":
-                depth -= 1
-            elif ch == "," and depth == 1:
-                commas.append(i)
-    return spans, commas
+    return spans
 
 
 def salvage_truncated(text: str) -> dict[str, Any] | None:
-    """The complete members of a JSON object whose end was cut off (``max_tokens`` reached), or ``None``.
+    """The complete part of a JSON object whose end was cut off (``max_tokens`` reached), or ``None``.
 
-    A small model that loops on tags runs out of tokens with its title and summary long finished: the object up to
-    its last complete member, closed, is a usable entry (the caller still checks it). Linear, like the scan above.
+    The object is cut after its last complete value, at whatever depth, and closed: a small model that loops on
+    tags keeps its title, summary and the tags it finished; a root answer cut inside its ``themes`` list keeps the
+    themes it wrote (the caller fills in the rest and checks it all). Linear, like the scan above.
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
     for _ in range(FRESH_SCANS):  # "Here is {doc}: {…cut off": skip a few closed braces of prose first
-        spans, commas = _scan(text)
+        spans = _object_spans(text)
         if not spans:
             return None
         if spans[0][1] >= 0:
             text = text[spans[0][1] + 1 :]
             continue
-        if not commas:  # not one complete member
+        start = spans[0][0]
+        cut = _last_complete_value(text, start)
+        if cut is None:  # not one complete member
             return None
+        end, closers = cut
         try:
-            obj = orjson.loads(text[spans[0][0] : commas[-1]] + "}")
+            obj = orjson.loads(text[start:end] + closers)
         except orjson.JSONDecodeError:
             return None
         return obj if isinstance(obj, dict) and obj else None
     return None
+
+
+_Open = tuple[str, "_Open | None"]
+"""The containers open at a point, innermost first, as a shared linked list: a snapshot costs nothing."""
+
+
+def _last_complete_value(text: str, start: int) -> tuple[int, str] | None:
+    """Where the unclosed object at ``text[start]`` can be cut after its last complete value, and the closing
+    brackets that then end it; ``None`` if no value inside it was complete.
+
+    A comma follows a complete value (an array item or an object member), and so does a nested container's close.
+    The open containers at each such point are kept as an immutable linked list, so recording the point is O(1)
+    and the pass stays linear even on ``[[[[…`` runs.
+    """
+    open_: _Open | None = None
+    best: tuple[int, _Open | None] | None = None
+    for i, ch in _structure(text, start):
+        if ch in "{[":
+            open_ = ("}" if ch == "{" else "]", open_)
+        elif ch in "}]":
+            if open_ is None or open_[0] != ch:
+                break  # not JSON from here on: what came before is all there is to keep
+            open_ = open_[1]
+            if open_ is None:
+                return None  # the object closed after all: nothing was cut off
+            best = (i + 1, open_)
+        elif open_ is not None:  # a comma
+            best = (i, open_)
+    if best is None:
+        return None
+    end, rest = best
+    closers = []
+    while rest is not None:
+        closers.append(rest[0])
+        rest = rest[1]
+    return end, "".join(closers)

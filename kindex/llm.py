@@ -35,9 +35,16 @@ class Completion:
 
 
 class LLMClient(Protocol):
-    """What generation needs from a model: one chat completion at a time (called concurrently)."""
+    """What generation needs from a model: one chat completion at a time (called concurrently).
 
-    async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion: ...
+    ``max_tokens``, when given, is what this call's answer needs (the root's answer lists every theme, so it grows
+    with the KB): a client answers with at least its own configured cap and may hold the call to what the model can
+    write. ``None``: the configured cap.
+    """
+
+    async def complete(
+        self, messages: Sequence[Message], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
+    ) -> Completion: ...
 
 
 CONNECT_TIMEOUT = 10.0
@@ -118,6 +125,10 @@ def _not_logging_worker(record: logging.LogRecord) -> bool:
     return record.filename != "logging_worker.py"
 
 
+UNKNOWN_OUTPUT_LIMIT = 4096
+"""The longest answer asked of a model whose output limit litellm does not know (every current chat model writes
+at least this many tokens); a longer answer is cut off and salvaged."""
+
 # Retry-After is honoured but capped, so a hostile or confused server cannot park a run for hours.
 MAX_RETRY_AFTER = 120.0
 
@@ -145,6 +156,7 @@ class LiteLLMClient:
         self._keys_checked = False
         self._api_key: str | None = None
         self._response_format = self._choose_response_format()
+        self._output_limit = self._model_output_limit()
 
     def _check_keys(self) -> str | None:
         """Fail at once, naming the variable, when the provider's key is missing (not after a retry per document).
@@ -167,6 +179,19 @@ class LiteLLMClient:
             "local OpenAI-compatible server) and run again"
         )
 
+    def _model_output_limit(self) -> int:
+        try:
+            limit = self._litellm.get_model_info(self.settings.model).get("max_output_tokens")
+        except Exception:  # litellm raises for a model it has no map entry for
+            limit = None
+        return limit if isinstance(limit, int) and limit > 0 else UNKNOWN_OUTPUT_LIMIT
+
+    def answer_cap(self, wanted: int | None) -> int:
+        """The ``max_tokens`` a call that wants ``wanted`` is sent with: never below the configured cap, never above
+        what the model can write (unless the configured cap itself is)."""
+        own = self.settings.max_tokens
+        return own if wanted is None else max(own, min(wanted, self._output_limit))
+
     def _choose_response_format(self) -> str:
         wanted = self.settings.response_format
         if wanted != "auto":
@@ -182,7 +207,9 @@ class LiteLLMClient:
             return "none"
         return "json_object" if "response_format" in params else "none"
 
-    async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
+    async def complete(
+        self, messages: Sequence[Message], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
+    ) -> Completion:
         lt = self._litellm
         s = self.settings
         if not self._keys_checked:  # before the first call, not at construction: a dry run needs no key
@@ -192,7 +219,7 @@ class LiteLLMClient:
             "model": s.model,
             "messages": [dict(m) for m in messages],
             "temperature": s.temperature,
-            "max_tokens": s.max_tokens,
+            "max_tokens": self.answer_cap(max_tokens),
             # A connect that takes this long finds no server (a firewalled host drops the attempt): said as such, it
             # counts as unreachable, where the whole-call deadline would only say the call took too long.
             "timeout": self._httpx.Timeout(s.timeout, connect=min(CONNECT_TIMEOUT, s.timeout / 2)),

@@ -36,6 +36,8 @@ class Call:
     json_schema: Mapping[str, Any]
     errors_before: int = 0
     """How many calls the client had answered with an exception when this one was made."""
+    max_tokens: int | None = None
+    """The answer length the generator asked for (``None``: the client's configured cap)."""
 
     @property
     def user(self) -> str:
@@ -145,8 +147,10 @@ class FakeClient:
         assert call.path is not None
         return self.by_path.get(call.path, self.doc)
 
-    async def complete(self, messages: Sequence[Mapping[str, str]], *, json_schema: Mapping[str, Any]) -> Completion:
-        call = Call(tuple(dict(m) for m in messages), json_schema, len(self.raised))
+    async def complete(
+        self, messages: Sequence[Mapping[str, str]], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
+    ) -> Completion:
+        call = Call(tuple(dict(m) for m in messages), json_schema, len(self.raised), max_tokens)
         self.calls.append(call)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)

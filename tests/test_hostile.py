@@ -575,8 +575,35 @@ def test_a_cut_off_answer_after_braces_in_the_prose_is_still_salvaged() -> None:
     from kindex.jsonextract import salvage_truncated
 
     answer = 'Entry for {doc}: {"title": "退款", "summary": "如何退款。", "tags": ["a", "b'
-    assert salvage_truncated(answer) == {"title": "退款", "summary": "如何退款。"}
+    assert salvage_truncated(answer) == {"title": "退款", "summary": "如何退款。", "tags": ["a"]}
     assert salvage_truncated('{"title": "t"}') is None  # a closed object is no truncation
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        ('{"themes": [{"dir": "a", "title": "A"}, {"di', {"themes": [{"dir": "a", "title": "A"}]}),
+        (
+            '{"themes": [{"dir": "a", "title": "A"}, {"dir": "b", "title": "B"',
+            {"themes": [{"dir": "a", "title": "A"}, {"dir": "b"}]},
+        ),
+        ('{"a": 1, "b": {"c": [1, [2, 3]', {"a": 1, "b": {"c": [1, [2, 3]]}}),
+        ('{"a": [', None),  # nothing complete inside
+        ('{"a": [1, 2}', None),  # a bracket that closes nothing open: not JSON
+    ],
+    ids=["between-items", "inside-an-item", "nested", "nothing-complete", "mismatched"],
+)
+def test_a_cut_off_answer_keeps_every_value_it_finished_at_any_depth(answer: str, kept: object) -> None:
+    from kindex.jsonextract import salvage_truncated
+
+    assert salvage_truncated(answer) == kept
+
+
+def test_salvaging_a_deeply_nested_cut_off_answer_stays_linear() -> None:
+    from kindex.jsonextract import salvage_truncated
+
+    # 60,000 open arrays: a salvage that copied the open brackets at every comma would do 10**9 steps here.
+    assert salvage_truncated('{"a": ' + "[1," * 60_000) is None  # deeper than any JSON parser takes
 
 
 @pytest.mark.parametrize(

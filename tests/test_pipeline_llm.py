@@ -348,7 +348,60 @@ def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_ca
     assert not any(c.repair for c in client.calls)
     doc = load(sample_kb / "sync" / "index.json")["documents"][0]
     assert doc["summary"] == "摘要完整。" and doc["title"] == f"标题 {doc['path']}"  # complete members kept
-    assert doc["tags"] == []  # the cut-off list is dropped whole
+    assert doc["tags"] == [f"标签{i}" for i in range(12)]  # the finished tags, up to the contract's 12
+
+
+def _many_themes(root: Path, count: int) -> Path:
+    for i in range(count):
+        (root / f"topic{i:02d}").mkdir(parents=True)
+        (root / f"topic{i:02d}" / "page.md").write_text(f"# 主题 {i}\n\n第 {i} 个主题的说明。\n", encoding="utf-8")
+    return root
+
+
+def test_the_root_answer_may_be_as_long_as_its_entries_need(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from tests.conftest import llm_settings
+
+    kb = _many_themes(tmp_path / "kb", 12)
+    report = kindex.reindex(kb, Options(llm=llm_settings(fake_llm, model="openai/gpt-4o-mini")))
+
+    assert report.ok
+    (root,) = fake_llm.root_requests()
+    # 12 entries of at most 300 tokens each and their dir names: the configured 600 would cut off every run.
+    assert 12 * 300 < root["max_tokens"] <= 12 * 310 + 50
+    assert {r["max_tokens"] for r in fake_llm.doc_requests()} == {600}  # one entry: the configured cap
+
+
+def test_the_root_answer_is_held_to_what_the_model_can_write(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from tests.conftest import llm_settings
+
+    kb = _many_themes(tmp_path / "kb", 20)
+    known = llm_settings(fake_llm, model="openai/gpt-3.5-turbo")  # litellm's map: 4,096 output tokens
+    kindex.reindex(kb, Options(llm=known))
+    unknown = llm_settings(fake_llm, model="openai/our-own-model", max_tokens=5000)
+    kindex.reindex(kb, Options(llm=unknown, force=True))
+
+    assert [r["max_tokens"] for r in fake_llm.root_requests()] == [4096, 5000]  # the user's own cap still wins
+
+
+def test_a_root_answer_cut_off_inside_its_themes_keeps_the_themes_it_wrote(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from tests.conftest import llm_settings
+    from tests.fakellm import Reply, good_root, is_root, well_behaved
+
+    def cut_off_root(request: dict[str, Any]) -> Reply:
+        if not is_root(request):
+            return well_behaved(request)
+        whole = json.dumps(good_root(request), ensure_ascii=False)
+        return Reply(whole[: whole.index('"topic03 的内容"') + 5])  # max_tokens reached in the 4th theme's summary
+
+    fake_llm.script = cut_off_root
+    kb = _many_themes(tmp_path / "kb", 6)
+    report = kindex.reindex(kb, Options(llm=llm_settings(fake_llm)))
+
+    assert report.ok and len(fake_llm.root_requests()) == 1  # no repair request, no failure
+    titles = [t["title"] for t in load(kb / "index.json")["themes"]]
+    assert titles[:4] == ["主题 topic00", "主题 topic01", "主题 topic02", "主题 topic03"]
+    assert titles[4:] == ["topic04", "topic05"]  # the themes never written get their default entries
+    assert kindex.validate(kb) == []
 
 
 def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Path) -> None:

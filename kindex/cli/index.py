@@ -35,7 +35,12 @@ def model_opts(f: F) -> F:
         click.option("--api-base", help="Base URL of an OpenAI-compatible endpoint [env KINDEX_API_BASE]."),
         click.option("--temperature", type=float, help="Sampling temperature (default 0.1) [env KINDEX_TEMPERATURE]."),
         click.option("--timeout", type=float, help="Seconds per model call (default 60) [env KINDEX_TIMEOUT]."),
-        click.option("--max-tokens", type=int, help="Answer length cap (default 600) [env KINDEX_MAX_TOKENS]."),
+        click.option(
+            "--max-tokens",
+            type=int,
+            help="Answer length cap for one document (default 600; the root may take 300 per theme) "
+            "[env KINDEX_MAX_TOKENS].",
+        ),
         click.option("--retries", type=int, help="Retries on 429/5xx/timeouts (default 4) [env KINDEX_RETRIES]."),
         click.option(
             "--response-format",

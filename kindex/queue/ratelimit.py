@@ -147,11 +147,14 @@ class LimitedClient:
     ) -> None:
         self.inner = inner
         self.limit = limit
-        self.reserve = min(max_tokens, ANSWER_RESERVE)
+        self.max_tokens = max_tokens
         self.cancel = cancel or threading.Event()
 
-    async def complete(self, messages: Sequence[Message], *, json_schema: Mapping[str, Any]) -> Completion:
-        reserved = sum(estimate_tokens(m.get("content", "")) for m in messages) + self.reserve
+    async def complete(
+        self, messages: Sequence[Message], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
+    ) -> Completion:
+        answer_cap = max(self.max_tokens, max_tokens or 0)
+        reserved = sum(estimate_tokens(m.get("content", "")) for m in messages) + min(answer_cap, ANSWER_RESERVE)
         while True:
             if self.cancel.is_set():
                 raise CancelledRun("the run was cancelled while it waited for the shared model limit")
@@ -160,7 +163,7 @@ class LimitedClient:
                 break
             # Jitter: waiters do not all wake at once. Sliced: a cancel is seen within WAIT_SLICE.
             await asyncio.sleep(min(wait + random.uniform(0, 0.005), WAIT_SLICE))
-        answer = await self.inner.complete(messages, json_schema=json_schema)
+        answer = await self.inner.complete(messages, json_schema=json_schema, max_tokens=max_tokens)
         used = answer.prompt_tokens + answer.completion_tokens
         if used:
             self.limit.settle(used - reserved)
