@@ -29,10 +29,12 @@ from kindex.errors import (
     CancelledRun,
     GenerationFailed,
     InterruptedRun,
+    InvalidFileError,
     KBNotFoundError,
     ModelError,
     UsageError,
 )
+from kindex.files import regular_file
 from kindex.generators import (
     Answer,
     Generator,
@@ -420,7 +422,26 @@ class _Runner:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)
             index = Index(themes=themes, documents=index.documents).sorted()
         self._write(root_index_path(s.kb), index)
+        self._drop_gone_themes(previous)
         self._tick("root", "index.json")
+
+    def _drop_gone_themes(self, previous: Index) -> None:
+        """Remove the index of a theme the root no longer lists (its folder holds no document now): left behind,
+        it would go on listing deleted documents. Only kindex's own file, and never when the scan missed folders."""
+        s = self.scan
+        if s.unreadable:
+            return
+        for theme in previous.themes:
+            path = theme_index_path(s.kb, theme.dir)
+            # A folder or file that is now a link leads out of the KB: what is there is not kindex's to remove.
+            if theme.dir in s.themes or path.parent.is_symlink() or path.is_symlink() or not regular_file(path):
+                continue
+            try:
+                refuse_foreign(path, f"{theme.dir}/{INDEX_FILE}")
+                path.unlink()
+            except (InvalidFileError, OSError):
+                continue  # the user's file, or one kindex may not remove: it stays
+            self.report.notes.append(f"removed {theme.dir}/{INDEX_FILE}: the folder holds no document any more")
 
     def _fallback_doc(self, d: ScannedDoc, previous: Index) -> DocItem:
         """The previous entry of ``d`` if the index has one, else an extractive entry: it stays navigable."""

@@ -69,6 +69,32 @@ def test_a_deleted_document_and_theme_leave_no_entry(
     assert kindex.validate(sample_kb) == []
 
 
+def test_a_theme_whose_documents_are_all_deleted_loses_its_index_file(sample_kb: Path, tmp_path: Path) -> None:
+    kindex.reindex(sample_kb)
+    for doc in (sample_kb / "sync").glob("*.md"):
+        doc.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "index.json").write_text('{"version": 1, "themes": [], "documents": []}', encoding="utf-8")
+    for doc in (sample_kb / "account").glob("*.md"):
+        doc.unlink()
+    (sample_kb / "account" / "index.json").unlink()
+    (sample_kb / "account").rmdir()
+    (sample_kb / "account").symlink_to(elsewhere)  # now a link out of the KB: the scan does not follow it
+    for doc in (sample_kb / "developer").rglob("*.md"):
+        doc.unlink()
+    (sample_kb / "developer" / "index.json").write_text('{"openapi": "3.1.0"}', encoding="utf-8")  # the user's
+
+    report = kindex.reindex(sample_kb)
+
+    assert [t["dir"] for t in orjson.loads((sample_kb / "index.json").read_bytes())["themes"]] == ["billing"]
+    assert not (sample_kb / "sync" / "index.json").exists()  # would list four deleted documents
+    assert "removed sync/index.json: the folder holds no document any more" in report.notes
+    assert (elsewhere / "index.json").exists()  # outside the KB: not kindex's to remove
+    assert (sample_kb / "developer" / "index.json").read_text(encoding="utf-8") == '{"openapi": "3.1.0"}'
+    assert kindex.validate(sample_kb) == []
+
+
 def test_changing_a_prompt_template_recomputes_what_it_affects(
     sample_kb: Path, fake_client: FakeClient, fake_options: Options, monkeypatch: pytest.MonkeyPatch
 ) -> None:
