@@ -21,7 +21,9 @@ _SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=\.)\s")
 _CJK = re.compile(r"[\u3400-\u9fff]")
 # Chinese characters and full-width punctuation: what separates Latin runs where there are no spaces.
 _CJK_RUN = re.compile(r"([\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+)")
-_LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{2,}")
+# Letters of the alphabetic scripts (Latin with its accents, Greek, Cyrillic): "café" is a word, not "Caf".
+_LETTER = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u03ff\u0400-\u04ff\u1e00-\u1eff"
+_LATIN_WORD = re.compile(rf"[{_LETTER}][{_LETTER}0-9_\-]{{2,}}")
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
 _NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
 _RAW_BLOCKS = ("style", "script")

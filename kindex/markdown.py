@@ -106,12 +106,31 @@ def heading_title(line: str) -> str | None:
     return readable or title or None
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def physical_lines(text: str) -> list[str]:
+    """``text`` split after each Markdown line ending (``\\n``, ``\\r\\n``, ``\\r``), endings kept.
+
+    Not ``str.splitlines``: it also breaks at U+2028, U+0085, form feeds and the like, which Markdown renders inside
+    a line, so a document could start a "heading" no reader sees.
+    """
+    out: list[str] = []
+    start = 0
+    for end in _LINE_END.finditer(text):
+        out.append(text[start : end.end()])
+        start = end.end()
+    if start < len(text):
+        out.append(text[start:])
+    return out
+
+
 def lines(text: str) -> list[Line]:
     """Every line of ``text`` with its code-block membership and heading title."""
     out: list[Line] = []
     opening: str | None = None
     pos = 0
-    for raw in text.splitlines(keepends=True):
+    for raw in physical_lines(text):
         if opening is None:
             fence = fence_opening(raw)
             if fence is not None:

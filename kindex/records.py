@@ -34,8 +34,13 @@ QUESTIONS_MAX = 6
 PATH_MAX = 4096
 
 _SPACE = re.compile(r"\s+")
-# Unicode category Cc (C0 and C1 controls) except the white space that _SPACE folds.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Unicode category Cc (C0 and C1 controls) except the white space that _SPACE folds, and the invisible format
+# characters that hide or reorder text (zero-width space, direction marks, embeddings and overrides, isolates, word
+# joiner, BOM): an entry shown to an agent or a person reads as what it says. The joiners U+200C/U+200D stay:
+# scripts and emoji are written with them.
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
 # Tags often arrive as one string ("退款, 发票、refund"); these are the separators people actually use.
 _TAG_SPLIT = re.compile(r"[,，、;；|\n]+")
 

@@ -38,6 +38,16 @@ def test_field_bounds_are_enforced_on_model_answers() -> None:
     assert item.paths == ("src/**/*.tsx",)
 
 
+def test_invisible_characters_that_hide_or_reorder_text_are_dropped_from_entries() -> None:
+    from kindex.records import clean_text
+
+    # "退款\u202e.exe" would show as "退款exe."; a zero-width space splits a word no one sees split.
+    hidden = "\u202e退\u200b款\u2066指南\u2069\ufeff\u200e\u2060"
+    assert clean_text(hidden, 100) == "退款指南"
+    assert clean_text("👨\u200d👩\u200d👧 家庭账本", 100) == "👨\u200d👩\u200d👧 家庭账本"  # joiners build emoji
+    assert clean_text("行一\u2028行二", 100) == "行一 行二"
+
+
 def test_doc_entry_requires_a_title_and_summary_and_author_globs_win() -> None:
     with pytest.raises(AnswerError, match="no usable title or summary"):
         doc_entry({"title": " ", "summary": None, "tags": []}, "a.md")
