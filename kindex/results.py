@@ -201,6 +201,11 @@ class Context(Result):
     skills: tuple[SkillClosure, ...] = Field(
         default=(), description="In a skill library: chosen skills and what they need."
     )
+    warnings: tuple[str, ...] = Field(
+        default=(),
+        description="What is wrong with the index this answer came from (an unreadable theme index, search tables "
+        "rebuilt in memory because they were missing or stale), each saying what to run; empty when all is well.",
+    )
 
     def model_post_init(self, context: Any, /) -> None:
         # The estimate is part of the record, never passed in: it always describes ``text``.

@@ -200,7 +200,8 @@ class _Loaded:
     index: SearchIndex
     stale: bool
     """The saved tables were missing or did not match the index files: rebuilt in memory."""
-    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+    """What every answer from these tables says about them (see :attr:`Context.warnings`)."""
     n: int
     inv: dict[str, npt.NDArray[np.float32]]
     """Per field: its weight divided by each document's length normalisation."""
@@ -228,6 +229,23 @@ class _Loaded:
     skill_library: bool
     matchers: dict[str, Any] = field(default_factory=dict)
     """The compiled ``paths`` globs of this index, filled on first use."""
+
+
+MAX_WARNINGS = 10
+STALE_TABLES = (
+    "the saved search tables are missing or do not match the index files (deleted, written by another kindex "
+    "version, or an index file edited by hand): rebuilt in memory for every call until the next indexing step "
+    "(reindex, root, sub, doc or watch) saves new ones"
+)
+
+
+def _warnings(stale: bool, problems: Sequence[str]) -> tuple[str, ...]:
+    out = list(problems[:MAX_WARNINGS])
+    if len(problems) > MAX_WARNINGS:
+        out.append(f"and {len(problems) - MAX_WARNINGS} more problems in the index files: `kindex validate` lists them")
+    if stale:
+        out.append(STALE_TABLES)
+    return tuple(out)
 
 
 def _load(kb: Path) -> _Loaded:
@@ -271,7 +289,7 @@ def _load(kb: Path) -> _Loaded:
         checked_at=_clock(),
         index=index,
         stale=stale,
-        problems=problems,
+        warnings=_warnings(stale, problems),
         n=n,
         inv=inv,
         rows={},
@@ -930,7 +948,13 @@ class Retriever:
             # The documents the paths bring in took the whole budget: no overview document to announce.
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
+        if loaded.warnings:
+            ctx = ctx.model_copy(update={"warnings": loaded.warnings})
         return ctx
+
+    def warnings(self) -> tuple[str, ...]:
+        """What is wrong with the index the current tables came from (see :attr:`Context.warnings`)."""
+        return self.loaded().warnings
 
 
 def _overview_hit() -> _Hit:

@@ -423,7 +423,12 @@ def read_entries(kb: Path) -> Entries:
         try:
             sub, sub_problems = read_index_file(kb / t.dir / INDEX_FILE)
         except (OSError, InvalidFileError, IndexMissingError) as exc:
-            problems.append(f"{t.dir}/{INDEX_FILE} unreadable: {exc}")
+            # The reason without the absolute path an OSError carries: this reaches an HTTP service's tenants.
+            why = "missing" if isinstance(exc, FileNotFoundError) else getattr(exc, "strerror", None) or str(exc)
+            problems.append(
+                f"{t.dir}/{INDEX_FILE} cannot be read ({why}): its documents are not searched until `kindex reindex` "
+                "writes it"
+            )
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
         docs.extend((f"{t.dir}/{d.path}", t.dir, d) for d in sub.documents if ".." not in d.path.split("/"))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -334,9 +335,30 @@ def test_missing_search_tables_are_rebuilt_in_memory_not_silently_lost(indexed: 
     # Said on the command line, where every call pays for the rebuild until a step saves new tables.
     for command in ("context", "search"):
         result = CliRunner().invoke(main, [command, str(indexed), "发票"])
-        assert result.exit_code == 0 and "the saved search tables do not match the index" in result.stderr
+        assert result.exit_code == 0 and "the saved search tables are missing or do not match" in result.stderr
+    # And to the library and JSON callers (and so to an HTTP service's), not only on a terminal.
+    assert "saved search tables are missing" in kindex.build_context(indexed, "发票").warnings[0]
+    search = CliRunner().invoke(main, ["search", str(indexed), "发票", "--json"])
+    assert "saved search tables are missing" in orjson.loads(search.stdout)["warnings"][0]
     kindex.reindex(indexed)
     assert "search tables" not in CliRunner().invoke(main, ["context", str(indexed), "发票"]).stderr
+    assert kindex.build_context(indexed, "发票").warnings == ()
+
+
+def test_theme_indexes_that_cannot_be_read_are_named_in_every_answer(indexed: Path) -> None:
+    (indexed / "billing" / "index.json").unlink()
+    (indexed / "sync" / "index.json").write_text("{not json", encoding="utf-8")
+    kindex.kb.clear_cache()
+
+    ctx = kindex.build_context(indexed, "退款一般多久能到账")
+
+    assert ctx.fallback  # the refund page's theme cannot be read: not silently "off topic"
+    assert ctx.warnings[:2] == (
+        "billing/index.json cannot be read (missing): its documents are not searched until `kindex reindex` writes it",
+        ctx.warnings[1],
+    )
+    assert ctx.warnings[1].startswith("sync/index.json cannot be read (") and str(indexed) not in ctx.warnings[1]
+    assert "kindex reindex" in ctx.warnings[1]
 
 
 def test_a_saved_table_that_no_longer_matches_the_index_is_not_used(indexed: Path) -> None:

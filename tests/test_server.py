@@ -70,6 +70,7 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     assert ctx.status_code == 200
     body = ctx.json()
     assert body["items"][0]["path"] == "billing/退款政策.md" and not body["fallback"] and body["tokens"] <= 500
+    assert body["warnings"] == []
     off = {"message": "讲个笑话", "fallback_docs": ["billing/套餐与价格.md"]}
     body = call(app, "POST", f"{BASE}/context", json=off).json()
     assert body["fallback"] and [i["path"] for i in body["items"]] == ["billing/套餐与价格.md"]
@@ -79,6 +80,22 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     assert call(app, "GET", f"{BASE}/index").json()["themes"][0]["dir"] == "account"
     assert call(app, "GET", f"{BASE}/index/billing").json()["themes"] == []
     assert call(app, "GET", "/healthz", auth=False).json() == {"status": "ok", "running_tasks": 0}
+
+
+def test_context_over_http_says_what_is_wrong_with_the_index(
+    app: FastAPI, kb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(kindex.retrieve, "_clock", lambda: now[0])
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    (kb_root / "agent1" / "billing" / "index.json").unlink()
+    now[0] += kindex.retrieve.THEME_RECHECK_S  # a theme index is stat-ed again after this long
+
+    body = call(app, "POST", f"{BASE}/context", json={"message": "退款一般多久能到账"}).json()
+
+    assert "billing/退款政策.md" not in [i["path"] for i in body["items"]]
+    assert body["warnings"][0].startswith("billing/index.json cannot be read (missing)"), body
+    assert str(kb_root) not in orjson.dumps(body).decode()  # no server path reaches a tenant
 
 
 def test_tasks_run_in_the_background_and_report_progress(app: FastAPI) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import BinaryIO
 
 import click
@@ -133,18 +134,13 @@ def context(
                 click.echo(f"kindex: fallback document {name!r} ({where}) is not a .md file in {kb}", err=True)
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
-    _note_stale(retriever)
+    _note_warnings(ctx.warnings)
 
 
-def _note_stale(retriever: Retriever) -> None:
+def _note_warnings(warnings: Sequence[str]) -> None:
     # Readers never write: until a step saves new tables, every one-shot command rebuilds them (~0.5 s on 150 pages).
-    if retriever.loaded().stale:
-        click.echo(
-            "kindex: note: the saved search tables do not match the index (written by another kindex version, or an "
-            "index file was edited by hand): rebuilt in memory for this call; the next indexing step (reindex, "
-            "root, sub, doc or watch) saves new ones",
-            err=True,
-        )
+    for warning in warnings:
+        click.echo(f"kindex: note: {warning}", err=True)
 
 
 @click.command()
@@ -174,9 +170,11 @@ def search(
     threshold = resolve(kb, {"min_relevance": min_relevance})["min_relevance"]
     retriever = Retriever(kb)
     results = retriever.search(question, paths=paths, limit=limit, min_relevance=threshold)
-    _note_stale(retriever)
+    warnings = retriever.warnings()
+    _note_warnings(warnings)
     if as_json:
-        click.echo(orjson.dumps({"results": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2).decode())
+        body = {"results": [r.to_dict() for r in results], "warnings": list(warnings)}
+        click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
         return
     if not results:
         click.echo("kindex: no document matches: the question is off topic for this KB", err=True)
