@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where a glob is compiled: most questions name no file (~12 ms of `kindex context`)
+    from wcmatch import fnmatch as wcfnmatch
     from wcmatch import glob as wcglob
 
 # A path-like token: has a folder separator or a file extension; Windows separators are accepted.
@@ -68,8 +69,24 @@ MAX_GLOBSTARS = 2
 _BRACE_LIMIT = 64
 
 
+class Matcher:
+    """A compiled glob, read as SPEC §6.4 reads it: globstar, braces and classes, a glob without ``/`` matching a
+    file name (wcmatch's glob), and ``*`` matching across folders as well (wcmatch's fnmatch, for which ``/`` is a
+    character like any other): ``web/*.tsx`` matches ``web/src/App.tsx``, as an author who wrote it expects."""
+
+    __slots__ = ("_across", "_glob")
+
+    def __init__(self, glob: wcglob.WcMatcher[str], across: wcfnmatch.WcMatcher[str] | None) -> None:
+        self._glob = glob
+        self._across = across
+
+    def match(self, path: str) -> bool:
+        return bool(self._glob.match(path)) or (self._across is not None and bool(self._across.match(path)))
+
+
 @lru_cache(maxsize=4096)
-def _compile(glob: str) -> wcglob.WcMatcher[str] | None:
+def _compile(glob: str) -> Matcher | None:
+    from wcmatch import fnmatch as wcfnmatch
     from wcmatch import glob as wcglob
 
     glob = normalize_path(glob)
@@ -77,9 +94,14 @@ def _compile(glob: str) -> wcglob.WcMatcher[str] | None:
         return None
     flags = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.IGNORECASE | wcglob.MATCHBASE | wcglob.DOTGLOB
     try:
-        return wcglob.compile([glob], flags=flags, limit=_BRACE_LIMIT)
+        matcher = wcglob.compile([glob], flags=flags, limit=_BRACE_LIMIT)
+        across = None
+        if "/" in glob and "*" in glob:  # else both readings agree
+            across_flags = wcfnmatch.BRACE | wcfnmatch.IGNORECASE | wcfnmatch.DOTMATCH
+            across = wcfnmatch.compile([glob], flags=across_flags, limit=_BRACE_LIMIT)
     except Exception:  # wcmatch raises assorted errors (brace limit, bad pattern) for globs it cannot use
         return None
+    return Matcher(matcher, across)
 
 
 def usable_glob(glob: str) -> bool:
@@ -103,7 +125,7 @@ def glob_matches(glob: str, path: str) -> bool:
 
 
 def any_match(
-    globs: Iterable[str], paths: Iterable[str], compiled: dict[str, wcglob.WcMatcher[str] | None] | None = None
+    globs: Iterable[str], paths: Iterable[str], compiled: dict[str, Matcher | None] | None = None
 ) -> str | None:
     """The first glob that matches one of ``paths``, or ``None``.
 

@@ -292,6 +292,11 @@ def test_update_reports_whether_the_tables_were_rewritten(indexed: Path) -> None
         ("*.tsx", "src/deep/App.tsx", True),  # a glob without "/" matches the file name
         ("src/**", "src/a/b.py", True),
         ("**/*.tsx", "src/App.ts", False),
+        ("web/*.tsx", "web/src/App.tsx", True),  # SPEC §6.4: "*" matches across folders
+        ("src/*", "src/a/b.py", True),
+        ("web/*.tsx", "api/web/App.tsx", False),  # still anchored at the start
+        ("web/*.{ts,tsx}", "WEB/x/App.TS", True),
+        ("docs/*.md", "docs/a/b.py", False),
         ("**/a/**/b", "a/" * 125_000, False),  # a 250 KB path is no real path: no match, at once
     ],
 )
