@@ -171,6 +171,13 @@ def test_hostile_and_wrong_requests_get_stable_json_errors(
     assert "Traceback" not in r.text
 
 
+def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> None:
+    r = call(app, "POST", f"{BASE}/context", json={"message": "退款", "budget_token": 500})
+
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert "budget_token" in r.json()["error"]["message"]
+
+
 def test_a_theme_index_is_served_only_for_a_scanned_theme(kb_root: Path, app: FastAPI) -> None:
     # A root index listing a theme ".." (hand-edited or damaged) made GET …/index/.. serve <kb-root>/index.json,
     # a file outside the agent's folder.

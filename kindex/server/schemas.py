@@ -17,7 +17,8 @@ from kindex.retrieve import (
     MAX_PATHS,
 )
 
-_BODY = ConfigDict(frozen=True)
+# A misspelt field ("budget_token") is refused with its name, not silently ignored for the default.
+_BODY = ConfigDict(frozen=True, extra="forbid")
 
 
 class ErrorResponse(BaseModel):
