@@ -28,6 +28,7 @@ def extract_object(text: str) -> dict[str, Any]:
         raise AnswerError("the answer is empty")
     if len(text) > MAX_ANSWER_CHARS:
         raise AnswerError(f"the answer is {len(text)} characters long, more than {MAX_ANSWER_CHARS}")
+    text = _encodable(text)
     try:
         whole = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -64,6 +65,16 @@ def extract_object(text: str) -> dict[str, Any]:
     if unclosed:
         raise AnswerError("the answer's JSON object is not closed (truncated output?)")
     raise AnswerError("the answer holds braces but no valid JSON object")
+
+
+def _encodable(text: str) -> str:
+    """``text`` with each lone surrogate (a provider's broken ``\\ud800`` escape) made a ``?``: the JSON parser
+    refuses the whole answer over one, where the rest of it is a usable entry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _structure(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
@@ -118,6 +129,7 @@ def salvage_truncated(text: str) -> dict[str, Any] | None:
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
+    text = _encodable(text)
     for _ in range(FRESH_SCANS):  # "Here is {doc}: {…cut off": skip a few closed braces of prose first
         spans = _object_spans(text)
         if not spans:

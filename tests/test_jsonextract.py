@@ -82,3 +82,11 @@ def test_any_object_embedded_in_text_is_recovered_exactly(
 ) -> None:
     text = before + json.dumps(obj, ensure_ascii=ascii_only) + after
     assert extract_object(text) == obj
+
+
+def test_a_lone_surrogate_in_an_answer_costs_one_character_not_the_entry() -> None:
+    from kindex.jsonextract import salvage_truncated
+
+    # What a provider's broken "\\ud800" escape leaves in the decoded answer: no UTF-8 encoding exists for it.
+    assert extract_object('{"title": "退款\ud800", "summary": "摘要"}') == {"title": "退款?", "summary": "摘要"}
+    assert salvage_truncated('{"title": "退\udfff款", "summary": "cut') == {"title": "退?款"}
