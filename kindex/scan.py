@@ -267,13 +267,39 @@ def _decode(path: Path) -> tuple[str, str]:
     data = read_regular(path, MAX_DOC_BYTES)
     if len(data) > MAX_DOC_BYTES:
         raise InvalidFileError(f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
+    return decode_document(data), hashlib.sha256(data).hexdigest()
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """Whether bytes holding a NUL read as lines of UTF-16 text in either byte order (a line break or a space
+    decodes, and no NUL does); any byte pair is some character, so the line break is what tells."""
+    for order in ("utf-16-le", "utf-16-be"):
+        text = head[: len(head) // 2 * 2].decode(order, errors="replace")
+        if "\x00" not in text and ("\n" in text or " " in text):
+            return True
+    return False
+
+
+def decode_document(data: bytes) -> str:
+    """A document's text from its bytes: UTF-8 (a leading BOM dropped), or UTF-16 when it opens with that byte order
+    mark (what Windows Notepad saves as "Unicode"). :class:`InvalidFileError` saying why it is no text."""
+    if data[:2] in _UTF16_BOMS:
+        try:
+            return data.decode("utf-16")  # the mark says which byte order, and is dropped
+        except UnicodeDecodeError as exc:
+            raise InvalidFileError(f"content is not valid UTF-16 (byte {exc.start}): save it as UTF-8") from None
     if b"\x00" in data:
+        if _looks_utf16(data[:4096]):
+            raise InvalidFileError("content looks like UTF-16 without a byte order mark: save it as UTF-8")
         raise InvalidFileError("contains NUL bytes: not a text document")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidFileError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
-    return text.removeprefix("\ufeff"), hashlib.sha256(data).hexdigest()
+    return text.removeprefix("\ufeff")
 
 
 def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
@@ -367,12 +393,12 @@ def servable(kb: Path, rel: str) -> bool:
 
 def document_text(kb: Path, rel: str) -> str | None:
     """A document's text as it is served (frontmatter and HTML comments dropped, not parsed), or ``None`` when it
-    cannot be served (see :func:`servable`) or is not UTF-8."""
+    cannot be served (see :func:`servable`) or is no text (see :func:`decode_document`)."""
     if not servable(kb, rel):
         return None
     try:
         with open(kb / rel, "rb") as fh:
-            text = fh.read(MAX_DOC_BYTES + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+            text = decode_document(fh.read(MAX_DOC_BYTES + 1))
+    except (OSError, InvalidFileError):
         return None
-    return clean_body(strip_frontmatter(text.removeprefix("\ufeff"))).strip()
+    return clean_body(strip_frontmatter(text)).strip()

@@ -69,6 +69,25 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_path: Path) -> None:
+    kb = tmp_path / "kb"
+    text = "# 退款政策\n\n退款三个工作日内到账。\n"
+    write(kb / "billing" / "notepad.md", text.encode("utf-16"))  # Notepad's "Unicode": a mark, then UTF-16 LE
+    write(kb / "billing" / "big-endian.md", b"\xfe\xff" + "# 发票\n\n开具发票。\n".encode("utf-16-be"))
+    write(kb / "billing" / "no-mark.md", text.encode("utf-16-le"))
+
+    s = kindex.scan(kb)
+
+    assert [d.path_in_theme for d in s.themes["billing"]] == ["big-endian.md", "notepad.md"]
+    assert s.themes["billing"][1].headings == ("退款政策",)
+    assert {x.path: x.reason for x in s.skipped} == {
+        "billing/no-mark.md": "content looks like UTF-16 without a byte order mark: save it as UTF-8"
+    }
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, "退款多久到账")
+    assert ctx.items[0].path == "billing/notepad.md" and "退款三个工作日内到账。" in ctx.text
+
+
 def test_bad_files_are_skipped_or_warned_with_reasons(tmp_path: Path) -> None:
     outside = tmp_path / "outside.md"
     write(outside, "# secret outside the KB")
