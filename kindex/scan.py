@@ -271,6 +271,7 @@ def _decode(path: Path) -> tuple[str, str]:
 
 
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 
 
 def _looks_utf16(head: bytes) -> bool:
@@ -285,12 +286,20 @@ def _looks_utf16(head: bytes) -> bool:
 
 def decode_document(data: bytes) -> str:
     """A document's text from its bytes: UTF-8 (a leading BOM dropped), or UTF-16 when it opens with that byte order
-    mark (what Windows Notepad saves as "Unicode"). :class:`InvalidFileError` saying why it is no text."""
-    if data[:2] in _UTF16_BOMS:
+    mark (what Windows Notepad saves as "Unicode"), or UTF-32 with its mark. :class:`InvalidFileError` saying why
+    it is no text."""
+    # UTF-32's little-endian mark begins with UTF-16's: the longer one is looked for first.
+    encoding = "utf-32" if data[:4] in _UTF32_BOMS else "utf-16" if data[:2] in _UTF16_BOMS else None
+    if encoding is not None:
         try:
-            return data.decode("utf-16")  # the mark says which byte order, and is dropped
+            text = data.decode(encoding)  # the mark says which byte order, and is dropped
         except UnicodeDecodeError as exc:
-            raise InvalidFileError(f"content is not valid UTF-16 (byte {exc.start}): save it as UTF-8") from None
+            raise InvalidFileError(
+                f"content is not valid {encoding.upper()} (byte {exc.start}): save it as UTF-8"
+            ) from None
+        if "\x00" in text:
+            raise InvalidFileError("contains NUL characters: not a text document")
+        return text
     if b"\x00" in data:
         if _looks_utf16(data[:4096]):
             raise InvalidFileError("content looks like UTF-16 without a byte order mark: save it as UTF-8")

@@ -75,13 +75,16 @@ def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_pat
     write(kb / "billing" / "notepad.md", text.encode("utf-16"))  # Notepad's "Unicode": a mark, then UTF-16 LE
     write(kb / "billing" / "big-endian.md", b"\xfe\xff" + "# 发票\n\n开具发票。\n".encode("utf-16-be"))
     write(kb / "billing" / "no-mark.md", text.encode("utf-16-le"))
+    write(kb / "billing" / "utf32.md", "# 账单\n\n月度账单。\n".encode("utf-32"))  # its mark begins like UTF-16's
+    write(kb / "billing" / "nul.md", "# a\x00b\n".encode("utf-16"))
 
     s = kindex.scan(kb)
 
-    assert [d.path_in_theme for d in s.themes["billing"]] == ["big-endian.md", "notepad.md"]
-    assert s.themes["billing"][1].headings == ("退款政策",)
+    assert [d.path_in_theme for d in s.themes["billing"]] == ["big-endian.md", "notepad.md", "utf32.md"]
+    assert [d.headings for d in s.themes["billing"]] == [("发票",), ("退款政策",), ("账单",)]
     assert {x.path: x.reason for x in s.skipped} == {
-        "billing/no-mark.md": "content looks like UTF-16 without a byte order mark: save it as UTF-8"
+        "billing/no-mark.md": "content looks like UTF-16 without a byte order mark: save it as UTF-8",
+        "billing/nul.md": "contains NUL characters: not a text document",
     }
     kindex.reindex(kb)
     ctx = kindex.build_context(kb, "退款多久到账")
