@@ -40,6 +40,24 @@ def test_reindex_json_output_is_machine_readable(sample_kb: Path) -> None:
     assert report["generator"] == "extractive" and report["failures"] == []
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["context", "{kb}", "退款", "--budget", "3"], "Invalid value for '--budget': 3 is not in the range"),
+        (["context", "{kb}"], "give the chat message"),
+        (["reindex", "{kb}", "--temperature", "9"], "temperature: must be 0.0 to 2.0"),
+    ],
+    ids=["click-range", "missing-message", "core-usage-error"],
+)
+def test_usage_errors_with_json_still_answer_json_on_stdout(sample_kb: Path, args: list[str], message: str) -> None:
+    code, out, err = run(*(a.format(kb=sample_kb) for a in args), "--json")
+
+    assert code == 2 and f"Error: {message}" in err  # for a person, on stderr
+    error = json.loads(out)  # and an answer a script can parse
+    assert error["ok"] is False and error["error"]["code"] == "invalid_request"
+    assert error["error"]["message"].startswith(message)
+
+
 def test_preview_human_and_json(sample_kb: Path) -> None:
     code, out, _ = run("preview", str(sample_kb))
     assert code == 0

@@ -21,7 +21,7 @@ import click
 import orjson
 
 from kindex.cli.options import EXIT_INTERRUPTED
-from kindex.errors import KindexError
+from kindex.errors import KindexError, UsageError
 
 
 class _Group(click.Group):
@@ -66,18 +66,26 @@ class _Group(click.Group):
         except KeyboardInterrupt:  # Ctrl-C before a run started (while loading, scanning): nothing was written
             click.echo("kindex: interrupted; nothing was written", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except click.UsageError as exc:  # click's own: a bad option value, a missing argument
+            if as_json:
+                _json_error(UsageError.code, exc.format_message())
+            raise
         except KindexError as exc:
             # Each error class carries its exit status: usage errors exit 2 (with click's usage hint), an
             # interrupted run 130, every other failure 1.
+            if as_json:  # a script reading stdout gets an answer it can parse, failures included
+                _json_error(exc.code, exc.message)
             if exc.exit_code == click.UsageError.exit_code:
                 raise click.UsageError(exc.message) from None
-            if as_json:  # a script reading stdout gets an answer it can parse, failures included
-                error = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
-                click.echo(orjson.dumps(error, option=orjson.OPT_INDENT_2).decode())
             if exc.exit_code != 1:
                 click.echo(f"kindex: {exc.message}", err=True)
                 sys.exit(exc.exit_code)
             raise click.ClickException(exc.message) from None
+
+
+def _json_error(code: str, message: str) -> None:
+    error = {"ok": False, "error": {"code": code, "message": message}}
+    click.echo(orjson.dumps(error, option=orjson.OPT_INDENT_2).decode())
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
