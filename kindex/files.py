@@ -1,6 +1,7 @@
 """Reading what a knowledge folder holds, whatever it holds: a read that never blocks on a FIFO nor runs on past
-a bound, a walk that never recurses, a file test that never raises. Documents, index files and skill packages
-are read through these: the folder is the user's, and anything may be in it or replace it mid-run."""
+a bound, a walk that never recurses, a file test that never raises, a decoding that says why bytes are no text.
+Documents, index files and skill packages are read through these: the folder is the user's, and anything may be
+in it or replace it mid-run."""
 
 from __future__ import annotations
 
@@ -80,3 +81,44 @@ def regular_file(path: Path) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """Whether bytes holding a NUL read as lines of UTF-16 text in either byte order (a line break or a space
+    decodes, and no NUL does); any byte pair is some character, so the line break is what tells."""
+    for order in ("utf-16-le", "utf-16-be"):
+        text = head[: len(head) // 2 * 2].decode(order, errors="replace")
+        if "\x00" not in text and ("\n" in text or " " in text):
+            return True
+    return False
+
+
+def decode_document(data: bytes) -> str:
+    """A document's text from its bytes: UTF-8 (a leading BOM dropped), or UTF-16 when it opens with that byte order
+    mark (what Windows Notepad saves as "Unicode"), or UTF-32 with its mark. :class:`InvalidFileError` saying why
+    it is no text."""
+    # UTF-32's little-endian mark begins with UTF-16's: the longer one is looked for first.
+    encoding = "utf-32" if data[:4] in _UTF32_BOMS else "utf-16" if data[:2] in _UTF16_BOMS else None
+    if encoding is not None:
+        try:
+            text = data.decode(encoding)  # the mark says which byte order, and is dropped
+        except UnicodeDecodeError as exc:
+            raise InvalidFileError(
+                f"content is not valid {encoding.upper()} (byte {exc.start}): save it as UTF-8"
+            ) from None
+        if "\x00" in text:
+            raise InvalidFileError("contains NUL characters: not a text document")
+        return text
+    if b"\x00" in data:
+        if _looks_utf16(data[:4096]):
+            raise InvalidFileError("content looks like UTF-16 without a byte order mark: save it as UTF-8")
+        raise InvalidFileError("contains NUL bytes: not a text document")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
+    return text.removeprefix("\ufeff")
