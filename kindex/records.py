@@ -130,8 +130,8 @@ Question = Annotated[str, StringConstraints(min_length=1, max_length=QUESTION_MA
 Glob = Annotated[str, StringConstraints(min_length=1, max_length=GLOB_MAX, pattern=_TEXT)]
 RelPath = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX)]
 # A theme is a first-level folder the scan takes: one name, not hidden, so never "." or ".." (a hand-edited index
-# must not send a reader out of its folder).
-ThemeDir = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX, pattern=r"^[^./][^/]*$")]
+# must not send a reader out of its folder), and without the NUL no file name holds (os.stat raises on it).
+ThemeDir = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX, pattern=r"^[^./\x00][^/\x00]*$")]
 
 
 class DocItem(BaseModel):

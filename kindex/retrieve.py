@@ -150,7 +150,7 @@ def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
     for p in paths:
         try:
             st = os.stat(p)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in a hand-edited name
             out.append(None)
         else:
             out.append((st.st_mtime_ns, st.st_size))
@@ -232,6 +232,8 @@ class _Loaded:
 
 
 MAX_WARNINGS = 10
+MAX_WARNING_CHARS = 300
+"""A warning quotes what it found (a version, a folder name): a hand-edited index must not make it megabytes."""
 STALE_TABLES = (
     "the saved search tables are missing or do not match the index files (deleted, written by another kindex "
     "version, or an index file edited by hand): rebuilt in memory for every call until the next indexing step "
@@ -240,7 +242,7 @@ STALE_TABLES = (
 
 
 def _warnings(stale: bool, problems: Sequence[str]) -> tuple[str, ...]:
-    out = list(problems[:MAX_WARNINGS])
+    out = [p if len(p) <= MAX_WARNING_CHARS else p[: MAX_WARNING_CHARS - 1] + "…" for p in problems[:MAX_WARNINGS]]
     if len(problems) > MAX_WARNINGS:
         out.append(f"and {len(problems) - MAX_WARNINGS} more problems in the index files: `kindex validate` lists them")
     if stale:

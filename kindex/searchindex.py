@@ -289,7 +289,7 @@ def _record(row: Sequence[Any]) -> DocRecord:
 def _file_signature(kb: Path, rel: str) -> tuple[str, int, int]:
     try:
         st = (kb / rel).stat()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a hand-edited name
         return (rel, 0, -1)
     return (rel, st.st_mtime_ns, st.st_size)
 

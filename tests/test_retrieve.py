@@ -345,6 +345,23 @@ def test_missing_search_tables_are_rebuilt_in_memory_not_silently_lost(indexed: 
     assert kindex.build_context(indexed, "发票").warnings == ()
 
 
+def test_a_hand_edited_index_with_a_nul_or_a_huge_value_is_answered_with_short_warnings(indexed: Path) -> None:
+    root = orjson.loads((indexed / "index.json").read_bytes())
+    root["themes"].append({"dir": "x\u0000y", "title": "t", "summary": "s"})  # os.stat raises on a NUL
+    (indexed / "index.json").write_bytes(orjson.dumps(root))
+    billing = orjson.loads((indexed / "billing" / "index.json").read_bytes())
+    billing["version"] = "V" * 1_000_000
+    (indexed / "billing" / "index.json").write_bytes(orjson.dumps(billing))
+    kindex.kb.clear_cache()
+
+    ctx = kindex.build_context(indexed, "退款一般多久能到账")
+
+    assert ctx.items[0].path == "billing/退款政策.md"  # the rest of the index still serves
+    assert "themes[4] is not a usable entry" in ctx.warnings
+    assert any(w.startswith("billing/index.json: version is 'VVV") for w in ctx.warnings)
+    assert all(len(w) <= 300 for w in ctx.warnings if not w.startswith("the saved search tables"))
+
+
 def test_theme_indexes_that_cannot_be_read_are_named_in_every_answer(indexed: Path) -> None:
     (indexed / "billing" / "index.json").unlink()
     (indexed / "sync" / "index.json").write_text("{not json", encoding="utf-8")
