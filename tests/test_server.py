@@ -160,6 +160,10 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
         ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": "100"}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "max_docs": True}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": [""]}, 422, "invalid_request"),
+        ("POST", f"{BASE}/reindex", {"force": True}, 422, "invalid_request"),  # no body taken: not "forced"
+        ("POST", f"{BASE}/reindex?wiat=false", None, 422, "invalid_request"),  # ran and waited, unasked
+        ("POST", f"{BASE}/context?budget_tokens=100", {"message": "x"}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "k" * 100_000: 1}, 422, "invalid_request"),
         ("GET", "/v1/nowhere", None, 404, "not_found"),
     ],
 )
@@ -176,6 +180,14 @@ def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> N
 
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     assert "budget_token" in r.json()["error"]["message"]
+    r = call(app, "POST", f"{BASE}/reindex/root", json={"dir": "billing"})
+    assert r.json()["error"]["message"] == "this route takes no body (its options are query parameters: wait)"
+    r = call(app, "POST", f"{BASE}/reindex", params={"wiat": "false"})
+    assert r.json()["error"]["message"] == "unknown query parameter 'wiat': it takes wait"
+    assert len(call(app, "POST", f"{BASE}/context", json={"message": "x", "k" * 100_000: 1}).text) < 1000
+    # What HTTP clients send by default on a POST without options is no body to refuse.
+    for empty in (b"", b"{}", b"null"):
+        assert call(app, "POST", f"{BASE}/reindex/root", content=empty).status_code == 200
 
 
 def test_a_theme_index_is_served_only_for_a_scanned_theme(kb_root: Path, app: FastAPI) -> None:

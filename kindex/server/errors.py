@@ -90,7 +90,7 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
             # FastAPI reads a body without Content-Type: application/json as text, which is no object.
             message = "the body must be a JSON object, sent with Content-Type: application/json"
             return error_response(UsageError(message))
-        where = ".".join(str(x) for x in loc)
+        where = ".".join(str(x) for x in loc)[:200]  # a field name the caller made up may be any length
         return error_response(UsageError(f"{where}: {first.get('msg', 'invalid')}"))
 
     @app.exception_handler(StarletteHTTPException)

@@ -27,16 +27,18 @@ from kindex.server.schemas import (
     WatchModel,
     WatchUpdateModel,
 )
-from kindex.server.state import AgentWatch, ServerState, agent_kb, authorize, server_state
+from kindex.server.state import AgentWatch, ServerState, agent_kb, authorize, server_state, strict_request
 from kindex.store import read_index_file
 
 _WAIT = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
 _STEP_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": RunReport}, 202: {"model": TaskModel}}
 _JSON = "application/json"
 
-knowledge = APIRouter(prefix="/v1/agents/{agent_id}/knowledge", dependencies=[Depends(authorize)])
-skills_router = APIRouter(prefix="/v1/agents/{agent_id}/skills", dependencies=[Depends(authorize)])
-tasks_router = APIRouter(prefix="/v1/tasks", dependencies=[Depends(authorize)])
+# The token first: a caller without it learns nothing of a route's parameters.
+_GUARDS = [Depends(authorize), Depends(strict_request)]
+knowledge = APIRouter(prefix="/v1/agents/{agent_id}/knowledge", dependencies=_GUARDS)
+skills_router = APIRouter(prefix="/v1/agents/{agent_id}/skills", dependencies=_GUARDS)
+tasks_router = APIRouter(prefix="/v1/tasks", dependencies=_GUARDS)
 health = APIRouter()
 
 

@@ -202,3 +202,41 @@ def authorize(request: Request) -> None:
     scheme, _, value = given.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
         raise UnauthorizedError("send the API token as `Authorization: Bearer <token>`")
+
+
+_EMPTY_BODIES = frozenset({b"", b"{}", b"null"})
+
+
+async def strict_request(request: Request) -> None:
+    """Refuse what a route would otherwise ignore: a query parameter it does not take (``?wiat=false`` ran the
+    step and waited) and a body on a route that takes none (``{"force": true}`` did not force). An empty body,
+    ``{}`` or ``null`` is what HTTP clients send by default: accepted."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = _query_names(route)
+    unknown = sorted(k for k in request.query_params if k not in known)
+    if unknown:
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+        raise UsageError(f"unknown query parameter {unknown[0][:100]!r}: {takes}")
+    if getattr(route, "body_field", None) is None and (await request.body()).strip() not in _EMPTY_BODIES:
+        options = f" (its options are query parameters: {', '.join(sorted(known))})" if known else ""
+        raise UsageError(f"this route takes no body{options}")
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _query_names(route: Any) -> frozenset[str]:
+    """The query parameters ``route`` declares, its dependencies' included (worked out once per route)."""
+    names = _QUERY_NAMES.get(id(route))
+    if names is None:
+        found: set[str] = set()
+        todo = [route.dependant]
+        while todo:  # the route's own dependency tree: a few nodes
+            dependant = todo.pop()
+            found.update(p.alias for p in dependant.query_params)
+            todo.extend(dependant.dependencies)
+        names = _QUERY_NAMES[id(route)] = frozenset(found)
+    return names
