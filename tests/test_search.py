@@ -297,6 +297,9 @@ def test_update_reports_whether_the_tables_were_rewritten(indexed: Path) -> None
         ("web/*.tsx", "api/web/App.tsx", False),  # still anchored at the start
         ("web/*.{ts,tsx}", "WEB/x/App.TS", True),
         ("docs/*.md", "docs/a/b.py", False),
+        ("web/*/x?y", "web/a/x/y", False),  # only a star crosses a folder
+        ("src/*x[!a]y.ts", "src/x/y.ts", False),
+        ("src/*x[!a]y.ts", "src/q/xby.ts", True),
         ("**/a/**/b", "a/" * 125_000, False),  # a 250 KB path is no real path: no match, at once
     ],
 )
@@ -308,6 +311,7 @@ def test_globs_with_more_than_two_globstars_or_brace_bombs_are_not_kept() -> Non
     assert usable_glob("src/**/components/**/*.tsx")
     assert not usable_glob("**/a/**/b/**/c")
     assert not usable_glob("{a,b}" * 12)
+    assert usable_glob("{src,lib}/**/*.{ts,tsx}") and not usable_glob("{*,*/}{*,*/}{*,*/}/**/*/**/*b")
     assert doc_item_from({"title": "t", "summary": "s", "paths": ["**/a/**/b/**/c", "**/*.tsx"]}, "x").paths == (
         "**/*.tsx",
     )
