@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from kindex import extractive, searchindex, skillmodel
 from kindex.cache import Cache
 from kindex.config import DEFAULTS
@@ -28,6 +30,7 @@ from kindex.errors import (
     AnswerError,
     CancelledRun,
     GenerationFailed,
+    IndexMissingError,
     InterruptedRun,
     InvalidFileError,
     KBNotFoundError,
@@ -49,7 +52,7 @@ from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from,
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import read_index, refuse_foreign, root_index_path, theme_index_path, write_index
+from kindex.store import index_bytes, read_index, refuse_foreign, root_index_path, theme_index_path, write_index
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")
@@ -427,20 +430,26 @@ class _Runner:
 
     def _drop_gone_themes(self, previous: Index) -> None:
         """Remove the index of a theme the root no longer lists (its folder holds no document now): left behind,
-        it would go on listing deleted documents. Only kindex's own file, and never when the scan missed folders."""
+        it would go on listing deleted documents. Only a whole index as kindex writes it, and never when the scan
+        missed folders."""
         s = self.scan
         if s.unreadable:
             return
+        # On a case-insensitive file system "Docs" renamed "docs" is the same folder, its index just written.
+        current = {name.casefold() for name in s.themes}
         for theme in previous.themes:
-            path = theme_index_path(s.kb, theme.dir)
-            # A folder or file that is now a link leads out of the KB: what is there is not kindex's to remove.
-            if theme.dir in s.themes or path.parent.is_symlink() or path.is_symlink() or not regular_file(path):
+            if theme.dir.casefold() in current or not _own_index(theme_index_path(s.kb, theme.dir)):
                 continue
             try:
-                refuse_foreign(path, f"{theme.dir}/{INDEX_FILE}")
-                path.unlink()
-            except (InvalidFileError, OSError):
-                continue  # the user's file, or one kindex may not remove: it stays
+                # The folder is opened without following a link, and the file removed inside what was opened: a
+                # folder swapped for a link meanwhile leads nowhere else.
+                folder = os.open(s.kb / theme.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    os.unlink(INDEX_FILE, dir_fd=folder)
+                finally:
+                    os.close(folder)
+            except OSError:
+                continue  # a link, or a file kindex may not remove: it stays
             self.report.notes.append(f"removed {theme.dir}/{INDEX_FILE}: the folder holds no document any more")
 
     def _fallback_doc(self, d: ScannedDoc, previous: Index) -> DocItem:
@@ -525,6 +534,25 @@ class _Runner:
         if not self.generator.offline and not s.unreadable:
             # A folder kindex may not read now holds answers already paid for: kept until it is readable again.
             self.cache.compact(self.live_keys)
+
+
+def _own_index(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not a link) holding a whole index as kindex writes it: ``version`` 1,
+    ``themes`` and ``documents`` lists, nothing else. An empty file, ``{}`` or a manifest with a ``version`` of
+    its own may be the user's: kept."""
+    if path.is_symlink() or not regular_file(path):
+        return False
+    try:
+        obj = orjson.loads(index_bytes(path))
+    except (OSError, InvalidFileError, IndexMissingError, orjson.JSONDecodeError):
+        return False
+    return (
+        isinstance(obj, dict)
+        and obj.keys() == {"version", "themes", "documents"}
+        and obj["version"] == 1
+        and isinstance(obj["themes"], list)
+        and isinstance(obj["documents"], list)
+    )
 
 
 async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:

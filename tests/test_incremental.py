@@ -84,6 +84,13 @@ def test_a_theme_whose_documents_are_all_deleted_loses_its_index_file(sample_kb:
     for doc in (sample_kb / "developer").rglob("*.md"):
         doc.unlink()
     (sample_kb / "developer" / "index.json").write_text('{"openapi": "3.1.0"}', encoding="utf-8")  # the user's
+    root = orjson.loads((sample_kb / "index.json").read_bytes())
+    own_looking = {"mine": '{"version": 1, "name": "my app", "routes": ["/"]}', "blank": "", "braces": "{}"}
+    for name, text in own_looking.items():  # listed by a hand-edited root, holding what may well be the user's
+        (sample_kb / name).mkdir()
+        (sample_kb / name / "index.json").write_text(text, encoding="utf-8")
+        root["themes"].append({"dir": name, "title": name, "summary": name})
+    (sample_kb / "index.json").write_bytes(orjson.dumps(root))
 
     report = kindex.reindex(sample_kb)
 
@@ -92,6 +99,11 @@ def test_a_theme_whose_documents_are_all_deleted_loses_its_index_file(sample_kb:
     assert "removed sync/index.json: the folder holds no document any more" in report.notes
     assert (elsewhere / "index.json").exists()  # outside the KB: not kindex's to remove
     assert (sample_kb / "developer" / "index.json").read_text(encoding="utf-8") == '{"openapi": "3.1.0"}'
+    for name, text in own_looking.items():
+        assert (sample_kb / name / "index.json").read_text(encoding="utf-8") == text
+    assert [n for n in report.notes if n.startswith("removed")] == [
+        "removed sync/index.json: the folder holds no document any more"
+    ]
     assert kindex.validate(sample_kb) == []
 
 
