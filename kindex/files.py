@@ -88,11 +88,14 @@ _UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 
 
 def _looks_utf16(head: bytes) -> bool:
-    """Whether bytes holding a NUL read as lines of UTF-16 text in either byte order (a line break or a space
-    decodes, and no NUL does); any byte pair is some character, so the line break is what tells."""
+    """Whether bytes holding NULs read as lines of UTF-16 text in either byte order: NULs are common (every ASCII
+    character brings one), and a line break decodes where no NUL does. Any byte pair is some character, so the
+    line break is what tells."""
+    if head.count(0) * 20 < len(head):
+        return False
     for order in ("utf-16-le", "utf-16-be"):
         text = head[: len(head) // 2 * 2].decode(order, errors="replace")
-        if "\x00" not in text and ("\n" in text or " " in text):
+        if "\x00" not in text and "\n" in text:
             return True
     return False
 

@@ -77,6 +77,7 @@ def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_pat
     write(kb / "billing" / "no-mark.md", text.encode("utf-16-le"))
     write(kb / "billing" / "utf32.md", "# 账单\n\n月度账单。\n".encode("utf-32"))  # its mark begins like UTF-16's
     write(kb / "billing" / "nul.md", "# a\x00b\n".encode("utf-16"))
+    write(kb / "billing" / "one-nul.md", b"# ab \x00 cd\n" + b"text " * 100)  # no UTF-16: one stray NUL
 
     s = kindex.scan(kb)
 
@@ -85,6 +86,7 @@ def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_pat
     assert {x.path: x.reason for x in s.skipped} == {
         "billing/no-mark.md": "content looks like UTF-16 without a byte order mark: save it as UTF-8",
         "billing/nul.md": "contains NUL characters: not a text document",
+        "billing/one-nul.md": "contains NUL bytes: not a text document",
     }
     kindex.reindex(kb)
     ctx = kindex.build_context(kb, "退款多久到账")
