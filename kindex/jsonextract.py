@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,9 +63,34 @@ def extract_object(text: str) -> dict[str, Any]:
                     continue
                 if isinstance(obj, dict):
                     return obj
+    # A quoted "{" in the prose flips the scans' idea of what is inside a string: parse from each of the first
+    # few braces as a JSON parser would, which knows where its value ends (bounded: MAX_RAW_STARTS parses).
+    found = _first_object_parsed_from_a_brace(text)
+    if found is not None:
+        return found
     if unclosed:
         raise AnswerError("the answer's JSON object is not closed (truncated output?)")
     raise AnswerError("the answer holds braces but no valid JSON object")
+
+
+MAX_RAW_STARTS = 32
+_DECODER = json.JSONDecoder()
+
+
+def _first_object_parsed_from_a_brace(text: str) -> dict[str, Any] | None:
+    start = text.find("{")
+    for _ in range(MAX_RAW_STARTS):
+        if start < 0:
+            return None
+        try:
+            obj, _end = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            pass
+        else:
+            if isinstance(obj, dict):
+                return obj
+        start = text.find("{", start + 1)
+    return None
 
 
 def _encodable(text: str) -> str:

@@ -90,3 +90,9 @@ def test_a_lone_surrogate_in_an_answer_costs_one_character_not_the_entry() -> No
     # What a provider's broken "\\ud800" escape leaves in the decoded answer: no UTF-8 encoding exists for it.
     assert extract_object('{"title": "退款\ud800", "summary": "摘要"}') == {"title": "退款?", "summary": "摘要"}
     assert salvage_truncated('{"title": "退\udfff款", "summary": "cut') == {"title": "退?款"}
+
+
+def test_a_quoted_brace_in_the_prose_before_the_answer_does_not_hide_it() -> None:
+    # The scans take quotes outside any object for prose, so the quoted "{" opens a string that swallows the answer.
+    answer = 'The object starts at "{": {"title": "Closing } brace", "summary": "x"}'
+    assert extract_object(answer) == {"title": "Closing } brace", "summary": "x"}
