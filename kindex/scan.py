@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -109,9 +110,17 @@ class Scan:
         docs = self.theme_docs(dir_name)
         doc = next((d for d in docs if d.path_in_theme == path), None)
         if doc is None:
+            names = [d.path_in_theme for d in docs]
+            inner = path.removeprefix(f"{dir_name}/")
+            if inner != path and inner in names:
+                hint = f"drop the theme: '{inner}'"
+            else:
+                close = difflib.get_close_matches(path, names, n=3, cutoff=0.5) or names[:3]
+                more = ", …" if len(names) > len(close) else ""
+                hint = f"documents here: {', '.join(close)}{more}"
             raise PathNotInThemeError(
-                f"'{path}' is not a scanned document of theme '{dir_name}': give a .md path relative to "
-                f"'{dir_name}/' as `kindex preview` lists it"
+                f"'{path}' is not a scanned document of theme '{dir_name}': give its .md path relative to "
+                f"'{dir_name}/' ({hint})"
             )
         return doc
 

@@ -198,6 +198,10 @@ def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: 
         PathNotInThemeError, match=re.escape("'../导读.md' is not a scanned document of theme 'billing'")
     ):
         s.theme_doc("billing", "../导读.md")
+    with pytest.raises(PathNotInThemeError, match=re.escape("(drop the theme: 'deep/er/发票.md')")):
+        s.theme_doc("billing", "billing/deep/er/发票.md")  # what a newcomer types first
+    with pytest.raises(PathNotInThemeError, match=re.escape("(documents here: deep/er/发票.md, …)")):
+        s.theme_doc("billing", "deep/发票.md")
 
 
 def test_preview_reports_the_spec_fields(kb: Path) -> None:

@@ -185,6 +185,8 @@ def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> N
     r = call(app, "POST", f"{BASE}/reindex", params={"wiat": "false"})
     assert r.json()["error"]["message"] == "unknown query parameter 'wiat': it takes wait"
     assert len(call(app, "POST", f"{BASE}/context", json={"message": "x", "k" * 100_000: 1}).text) < 1000
+    typo = call(app, "POST", f"{BASE}/context", json={"mesage": "退款"}).json()["error"]["message"]
+    assert typo == "body.message: Field required; body.mesage: Extra inputs are not permitted"
     # What HTTP clients send by default on a POST without options is no body to refuse.
     for empty in (b"", b"{}", b"null"):
         assert call(app, "POST", f"{BASE}/reindex/root", content=empty).status_code == 200

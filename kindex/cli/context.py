@@ -131,7 +131,11 @@ def context(
         where = "--fallback" if source == "flag" else source
         for name in settings["fallback_docs"]:
             if not servable(retriever.root, normalize_path(name)):
-                click.echo(f"kindex: fallback document {name!r} ({where}) is not a .md file in {kb}", err=True)
+                click.echo(
+                    f"kindex: fallback document {name!r} ({where}) does not exist or is not a .md file in {kb}: "
+                    "the next overview in line serves",
+                    err=True,
+                )
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
     _note_warnings(ctx.warnings)

@@ -90,8 +90,14 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
             # FastAPI reads a body without Content-Type: application/json as text, which is no object.
             message = "the body must be a JSON object, sent with Content-Type: application/json"
             return error_response(UsageError(message))
-        where = ".".join(str(x) for x in loc)[:200]  # a field name the caller made up may be any length
-        return error_response(UsageError(f"{where}: {first.get('msg', 'invalid')}"))
+        # Every problem, up to three: {"mesage": …} is a missing "message" and an unknown "mesage" together, and
+        # naming only the first hides the typo.
+        said = []
+        for error in exc.errors()[:3]:
+            where = ".".join(str(x) for x in error.get("loc", ()))[:200]  # a made-up field may be any length
+            said.append(f"{where}: {error.get('msg', 'invalid')}")
+        more = f" (and {len(exc.errors()) - 3} more)" if len(exc.errors()) > 3 else ""
+        return error_response(UsageError("; ".join(said) + more))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
