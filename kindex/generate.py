@@ -90,6 +90,7 @@ class _Tally:
     notes: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    documents_read: int = 0
 
     def report(self, wall_seconds: float) -> RunReport:
         u = self.usage
@@ -108,6 +109,7 @@ class _Tally:
             notes=tuple(self.notes),
             written=tuple(self.written),
             skipped=tuple(self.skipped),
+            documents_read=self.documents_read,
             wall_seconds=wall_seconds,
         )
 
@@ -517,7 +519,7 @@ class _Runner:
         await body(self)
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
-            searchindex.update(self.scan.kb, self.scan)
+            self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
 
     async def reindex(self) -> None:
         s = self.scan

@@ -67,6 +67,11 @@ class RunReport(Result):
     notes: tuple[str, ...]
     written: tuple[str, ...] = Field(description="Index files replaced (KB-relative).")
     skipped: tuple[Skipped, ...] = Field(description="Files the scan did not take, and why.")
+    documents_read: int = Field(
+        default=0,
+        description="Documents read and analysed afresh for search: new, or changed since the last step (an edit "
+        "shows here even when no entry changed, as offline).",
+    )
     wall_seconds: float
 
     @property

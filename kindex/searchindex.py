@@ -439,11 +439,11 @@ def read_entries(kb: Path) -> Entries:
     return Entries(tuple(unique), tuple(themes), tuple(signature), tuple(problems))
 
 
-def update(kb: Path, scan: Scan) -> bool:
-    """Bring the saved search index of ``kb`` up to date with its index files and documents.
+def update(kb: Path, scan: Scan) -> int:
+    """Bring the saved search index of ``kb`` up to date with its index files and documents; how many documents
+    were read and analysed afresh (new, or their entry, headings or content changed).
 
-    Only documents whose entry, headings or content changed are read and analysed. Returns whether the file was
-    rewritten (not when nothing changed).
+    Only those are read; the file is not rewritten when nothing changed.
     """
     entries = read_entries(kb)
     by_rel = {d.rel: d for d in scan.documents}
@@ -455,15 +455,17 @@ def update(kb: Path, scan: Scan) -> bool:
             sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact))
     previous = load(kb)
     index = build(sources, entries.themes, entries.signature, previous)
+    before = {(d.path, d.key) for d in previous.docs} if previous is not None else set()
+    fresh = sum((d.path, d.key) not in before for d in index.docs)
     if (
         previous is not None
         and previous.signature == index.signature
         and previous.themes == index.themes
         and [(d.path, d.key) for d in previous.docs] == [(d.path, d.key) for d in index.docs]
     ):
-        return False
+        return fresh
     index.save(kb)
-    return True
+    return fresh
 
 
 def from_files(kb: Path, entries: Entries) -> SearchIndex:

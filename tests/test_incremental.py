@@ -48,6 +48,22 @@ def test_an_edited_document_costs_exactly_one_call(
     assert report.notes == (), report.notes
 
 
+def test_an_offline_run_says_how_many_documents_it_read_again(sample_kb: Path) -> None:
+    first = kindex.reindex(sample_kb)
+    doc = sample_kb / "billing" / "退款政策.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n海外订单的退款另行处理。\n", encoding="utf-8")
+
+    edited = kindex.reindex(sample_kb)
+    again = kindex.reindex(sample_kb)
+
+    assert first.documents_read == 21  # every document, the root's included
+    # The edit changed no entry (the offline entry is made of the head), so nothing else shows it was seen.
+    assert edited.written == () and edited.documents_read == 1
+    assert again.documents_read == 0
+    code = CliRunner().invoke(main, ["reindex", str(sample_kb)])
+    assert ", no tokens, 0 documents read, " in code.stdout
+
+
 def test_a_deleted_document_and_theme_leave_no_entry(
     sample_kb: Path, fake_client: FakeClient, fake_options: Options
 ) -> None:
