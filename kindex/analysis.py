@@ -425,6 +425,18 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     return out
 
 
+def surface_forms(text: str) -> dict[str, str]:
+    """Each term of a Latin-script word of ``text`` with the word as written (``cor``: ``CORS``, ``background``:
+    ``BackgroundTasks``): what a person reads in "matched", where the stems mean nothing. The first word wins."""
+    forms: dict[str, str] = {}
+    for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
+        word = m.group("word")
+        if word is not None and len(word) <= MAX_WORD:
+            for term in _word_terms(word):
+                forms.setdefault(term, word)
+    return forms
+
+
 def is_number(term: str) -> bool:
     """A number as a term: digits, with the separators a word may hold (``42``, ``0.17``, ``1.0``, ``2024-05-18``):
     a quantity, a version or a date, which the retrieval weighs as a value, not as a name."""

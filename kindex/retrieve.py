@@ -37,6 +37,7 @@ from kindex.analysis import (
     identifier_terms,
     is_number,
     mixes_letters_and_digits,
+    surface_forms,
     value_terms,
 )
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
@@ -359,6 +360,18 @@ class _Scored:
     """Per document, the informative weight of the question's terms it covers."""
     total: float
     """The question's informative weight."""
+    message: str = ""
+    """The (bounded) question, for :meth:`shown`."""
+    _forms: dict[str, str] | None = None
+
+    def shown(self, terms: Sequence[str]) -> tuple[str, ...]:
+        """``terms`` as the question wrote them (``CORS``, not its stem ``cor``), each once: what "matched" says."""
+        if not terms:
+            return ()
+        if self._forms is None:
+            self._forms = surface_forms(self.message)
+        forms = self._forms
+        return tuple(dict.fromkeys(forms.get(t, t) for t in terms))
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
@@ -506,7 +519,9 @@ def _scored(loaded: _Loaded, message: str) -> _Scored:
     """The scores of every document for ``message`` (see :func:`_score`)."""
     bounded = _bounded(message)
     english = not has_han(bounded)
-    return _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded), english)
+    scored = _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded), english)
+    scored.message = bounded
+    return scored
 
 
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -877,7 +892,7 @@ class Retriever:
         scored = _scored(loaded, message)
         hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
         held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
-        items = [h.item(m) for h, m in zip(hits, held, strict=True)]
+        items = [h.item(scored.shown(m)) for h, m in zip(hits, held, strict=True)]
         if themes and loaded.index.themes:
             t_scores, t_cover, t_subjects = _theme_scores(loaded, scored)
             on_topic = any(h.reason == "matched" for h in hits)
@@ -885,7 +900,8 @@ class Retriever:
             for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
                 if on_topic or not min_relevance or relevant[i]:
                     t = loaded.index.themes[i]
-                    matched = tuple(sorted(x for x in scored.terms if x in loaded.theme_terms[i])) if explain else ()
+                    held_terms = sorted(x for x in scored.terms if x in loaded.theme_terms[i]) if explain else []
+                    matched = scored.shown(held_terms)
                     items.append(
                         context_item(
                             path=t.dir,
@@ -1045,7 +1061,7 @@ def _assemble(
         if truncated:
             used = budget  # the cut document is the last one
         parts.append(chunk)
-        items.append(hit.item(matched, truncated=truncated, tokens=estimate_tokens(chunk)))
+        items.append(hit.item(scored.shown(matched), truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(
         text="\n\n".join(parts),
         items=tuple(items),

@@ -336,3 +336,11 @@ def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
     assert result.exit_code == 2 and "--message-file" in result.stderr
     result = runner.invoke(main, ["context", str(indexed / "导读.md"), "退款"])
     assert result.exit_code == 1 and "is not a folder" in result.stderr
+
+
+def test_matched_words_are_shown_as_the_question_wrote_them(indexed: Path) -> None:
+    # The stems ("signatur", "webhook") are search terms; a person reading "matched" expects the words typed.
+    (hit,) = kindex.search(indexed, "Webhooks signature", limit=1)
+    assert hit.path == "developer/Webhook回调.md" and hit.matched == ("signature", "Webhooks")
+    ctx = kindex.build_context(indexed, "Webhooks 签名校验失败")
+    assert ctx.items[0].matched == ("Webhooks", "校验", "签名")
