@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kindex import config
-from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError, UsageError
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
 from kindex.globs import any_match
 from kindex.markdown import headings
@@ -156,6 +156,9 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
     are left out, so every step, ``validate`` and retrieval see the same documents.
     """
     root = kb_folder(kb)
+    if root == Path(root.anchor):
+        # Every file of the machine: hours of walking before anything is said. No one's Markdown lives there.
+        raise UsageError(f"'{kb}' is the file system's root: pass the folder that holds your Markdown files")
     exclude = config.excluded(root)
     compiled: dict[str, Any] = {}
     skipped: list[Skipped] = []

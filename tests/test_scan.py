@@ -188,6 +188,8 @@ def test_a_document_changed_during_a_run_keeps_what_the_scan_saw(tmp_path: Path,
 def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: Path) -> None:
     with pytest.raises(KBNotFoundError, match="does not exist"):
         kindex.scan(tmp_path / "nope")
+    with pytest.raises(kindex.UsageError, match="is the file system's root"):
+        kindex.scan("/")  # refused at once, not after walking the whole machine
     write(tmp_path / "file.md", "x")
     with pytest.raises(KBNotFoundError, match="is not a folder"):
         kindex.scan(tmp_path / "file.md")

@@ -109,6 +109,10 @@ def main() -> None:
 
     With no model configured kindex uses its offline extractive generator (no network, no key). To use an LLM,
     pass any litellm model string: --model openai/gpt-4o-mini (key from OPENAI_API_KEY), or set KINDEX_MODEL.
+
+    Results go to stdout (--json: one JSON object, failures included); progress, notes and warnings to stderr.
+    Exit status: 0 done, 1 failed, 2 wrong usage, 3 some documents failed (they kept a stand-in entry: run again
+    to retry them), 130 interrupted (nothing half-written).
     """
 
 

@@ -87,7 +87,9 @@ def context(
 ) -> None:
     """Print the context for MESSAGE: the chosen documents' original text, within the budget.
 
-    MESSAGE "-" reads the message from standard input (for long messages).
+    MESSAGE "-" reads the message from standard input (for long messages). Stdout holds only the text (--json:
+    the whole result); stderr lists each chosen document (path, score, why), says when the question fell back to
+    the overview documents, and notes what is wrong with the index.
 
     \b
     Example:

@@ -186,7 +186,15 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
 @kb_arg
 @model_opts
 def root(kb: str, **kw: Any) -> None:
-    """Write only the root KB/index.json (root documents and one entry per theme)."""
+    """Write only the root KB/index.json (root documents and one entry per theme).
+
+    After a theme folder is added, renamed or emptied. A theme folder left with no document loses the index.json
+    kindex wrote in it.
+
+    \b
+    Example:
+      kindex root sample_kb
+    """
     _step(kb, kw, lambda o: generate.root(kb, o))
 
 
@@ -195,7 +203,12 @@ def root(kb: str, **kw: Any) -> None:
 @click.argument("dir_name", metavar="DIR")
 @model_opts
 def sub(kb: str, dir_name: str, **kw: Any) -> None:
-    """Write KB/DIR/index.json: one model call per document of theme DIR."""
+    """Write KB/DIR/index.json: one model call per document of theme DIR (a first-level folder).
+
+    \b
+    Example:
+      kindex sub sample_kb billing --model openai/gpt-4o-mini
+    """
     _step(kb, kw, lambda o: generate.sub(kb, dir_name, o))
 
 
@@ -211,7 +224,15 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
 )
 @model_opts
 def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> None:
-    """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR."""
+    """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR.
+
+    One model call for an edited or added document; the theme's other entries are kept.
+
+    \b
+    Example:
+      kindex doc sample_kb billing 退款政策.md
+      kindex doc sample_kb billing 企业采购/对公转账.md
+    """
     _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
 
 
