@@ -24,6 +24,12 @@ _CJK_RUN = re.compile(r"([\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+)")
 # Letters of the alphabetic scripts (Latin with its accents, Greek, Cyrillic): "café" is a word, not "Caf".
 _LETTER = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u03ff\u0400-\u04ff\u1e00-\u1eff"
 _LATIN_WORD = re.compile(rf"[{_LETTER}][{_LETTER}0-9_\-]{{2,}}")
+# A section number before a heading's words ("1. ", "2.3、", "一、", "（二）", "第三章 "): a tag or a question reads
+# without it. A bare number ("2024 年报", "3.5 版本说明") may be the subject and stays.
+_ENUMERATOR = re.compile(
+    r"^(?:\d{1,3}(?:\.\d{1,3})*[.、)）](?!\d)|[一二三四五六七八九十]{1,3}[、.．]|[（(](?:\d{1,3}|[一二三四五六七八九十]{1,3})[)）]"
+    r"|第[一二三四五六七八九十\d]{1,3}[章节部分篇])\s*"
+)
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
 _NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
 _RAW_BLOCKS = ("style", "script")
@@ -111,12 +117,18 @@ def describe_doc(doc: ScannedDoc, text: str) -> dict[str, Any]:
     return {"title": title, "summary": summary, "tags": tags, "paths": list(sig.paths), "questions": questions_of(doc)}
 
 
+def unnumbered(heading: str) -> str:
+    """``heading`` without its section number ("1. 七天无理由退款": "七天无理由退款"), unless that is all it is."""
+    rest = _ENUMERATOR.sub("", heading.strip(), count=1)
+    return rest or heading
+
+
 def questions_of(doc: ScannedDoc) -> list[str]:
     """The questions a document answers, as its authors put them: its section headings (not its title)."""
     seen = {doc.title_hint.casefold()}
     out: list[str] = []
     for h in doc.headings:
-        h = clean_text(h, QUESTION_MAX)
+        h = clean_text(unnumbered(h), QUESTION_MAX)
         if len(h) > 1 and h.casefold() not in seen:
             seen.add(h.casefold())
             out.append(h)
@@ -216,7 +228,7 @@ def distinctive_tags(text: str, title: str) -> list[str]:
     seen = {title.casefold()}
     text_lines = lines(text)
     for h in [line.heading for line in text_lines if line.heading][1:]:
-        h = clean_text(h, TITLE_MAX)
+        h = clean_text(unnumbered(h), TITLE_MAX)
         if 1 < len(h) <= TAG_MAX // 2 and h.casefold() not in seen:
             seen.add(h.casefold())
             tags.append(h)

@@ -251,6 +251,26 @@ def test_only_markdown_line_endings_start_a_line(separator: str) -> None:
     assert sum(len(line.text) for line in lines(text)) == len(text)
 
 
+@pytest.mark.parametrize(
+    ("heading", "kept"),
+    [
+        ("1. 七天无理由退款", "七天无理由退款"),
+        ("一、冲突是怎么产生的", "冲突是怎么产生的"),
+        ("（二）开具发票", "开具发票"),
+        ("第三章 安装", "安装"),
+        ("1.2.3、配置", "配置"),
+        ("3.5 版本说明", "3.5 版本说明"),  # a version is the subject, not a section number
+        ("2024 年报", "2024 年报"),
+        ("第一步：登录", "第一步：登录"),
+        ("1.", "1."),  # nothing else to keep
+    ],
+)
+def test_offline_questions_and_tags_drop_section_numbers(heading: str, kept: str) -> None:
+    from kindex.extractive import unnumbered
+
+    assert unnumbered(heading) == kept
+
+
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
     from kindex.extractive import distinctive_tags
 
