@@ -156,23 +156,22 @@ def salvage_truncated(text: str) -> dict[str, Any] | None:
     if len(text) > MAX_ANSWER_CHARS:
         return None
     text = _encodable(text)
-    for _ in range(FRESH_SCANS):  # "Here is {doc}: {…cut off": skip a few closed braces of prose first
-        spans = _object_spans(text)
-        if not spans:
+    # From each of the first few braces in turn: "Here is {doc}: {…cut off" starts with a closed one, and a quoted
+    # "{" in the prose starts a reading in which the answer's strings are inside out (its cut rarely parses).
+    start = text.find("{")
+    for _ in range(FRESH_SCANS):
+        if start < 0:
             return None
-        if spans[0][1] >= 0:
-            text = text[spans[0][1] + 1 :]
-            continue
-        start = spans[0][0]
         cut = _last_complete_value(text, start)
-        if cut is None:  # not one complete member
-            return None
-        end, closers = cut
-        try:
-            obj = orjson.loads(text[start:end] + closers)
-        except orjson.JSONDecodeError:
-            return None
-        return obj if isinstance(obj, dict) and obj else None
+        if cut is not None:
+            end, closers = cut
+            try:
+                obj = orjson.loads(text[start:end] + closers)
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict) and obj:
+                return obj
+        start = text.find("{", start + 1)
     return None
 
 
@@ -195,7 +194,7 @@ def _last_complete_value(text: str, start: int) -> tuple[int, str] | None:
             open_ = ("}" if ch == "{" else "]", open_)
         elif ch in "}]":
             if open_ is None or open_[0] != ch:
-                break  # not JSON from here on: what came before is all there is to keep
+                return None  # a bracket that closes nothing open: malformed (or misread from here), not cut off
             open_ = open_[1]
             if open_ is None:
                 return None  # the object closed after all: nothing was cut off

@@ -96,3 +96,10 @@ def test_a_quoted_brace_in_the_prose_before_the_answer_does_not_hide_it() -> Non
     # The scans take quotes outside any object for prose, so the quoted "{" opens a string that swallows the answer.
     answer = 'The object starts at "{": {"title": "Closing } brace", "summary": "x"}'
     assert extract_object(answer) == {"title": "Closing } brace", "summary": "x"}
+
+
+def test_a_cut_off_answer_after_a_quoted_brace_is_salvaged_from_its_own_start() -> None:
+    from kindex.jsonextract import salvage_truncated
+
+    answer = 'Tip: "{" opens. {"title": "T", "summary": "}", "links": [{"path": "p", "why": ""'
+    assert salvage_truncated(answer) == {"title": "T", "summary": "}", "links": [{"path": "p"}]}
