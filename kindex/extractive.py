@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kindex.markdown import INLINE_TAG, Line, lines, without_link_targets
+from kindex.markdown import INLINE_TAG, Line, lines, outside_raw_blocks, without_link_targets
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.scan import ScannedDoc
 
@@ -32,7 +32,6 @@ _ENUMERATOR = re.compile(
 )
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
 _NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
-_RAW_BLOCKS = ("style", "script")
 _STOP = frozenset(
     [
         "the",
@@ -172,20 +171,9 @@ def _prose(text_lines: Sequence[Line]) -> str:
 def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
     """The lines a reader reads, HTML tags taken out: no fenced code, no ``<style>`` or ``<script>`` block (a page's
     CSS is not its summary)."""
-    raw: str | None = None
-    for line in text_lines:
-        if line.fence is not None:
-            continue
-        low = line.text.lower()
-        if raw is not None:
-            if f"</{raw}>" in low:
-                raw = None
-            continue
-        opened = next((name for name in _RAW_BLOCKS if low.lstrip().startswith(f"<{name}")), None)
-        if opened is not None:
-            raw = None if f"</{opened}>" in low else opened
-            continue
-        yield INLINE_TAG.sub("", line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
+    for line in outside_raw_blocks(text_lines):
+        if line.fence is None:
+            yield INLINE_TAG.sub("", line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
 
 
 def first_paragraph(text: str) -> str:

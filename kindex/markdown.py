@@ -8,6 +8,7 @@ closed only by the same kind of fence, at least as long. No regex here can backt
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_])<[A-Za-z][^<>\n]*>")
@@ -145,6 +146,29 @@ def lines(text: str) -> list[Line]:
                 opening = None
         pos += len(raw)
     return out
+
+
+RAW_BLOCKS = ("style", "script")
+
+
+def outside_raw_blocks(text_lines: Iterable[Line]) -> Iterator[Line]:
+    """The lines that are not part of a ``<style>`` or ``<script>`` block (a page's CSS or JavaScript is neither
+    what it says nor worth a reader's tokens); lines of fenced code are kept, whatever they show."""
+    raw: str | None = None
+    for line in text_lines:
+        if line.fence is not None:
+            yield line
+            continue
+        low = line.text.lower()
+        if raw is not None:
+            if f"</{raw}>" in low:
+                raw = None
+            continue
+        opened = next((name for name in RAW_BLOCKS if low.lstrip().startswith(f"<{name}")), None)
+        if opened is not None:
+            raw = None if f"</{opened}>" in low else opened
+            continue
+        yield line
 
 
 def headings(text: str) -> tuple[str, ...]:

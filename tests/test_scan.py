@@ -271,6 +271,20 @@ def test_offline_questions_and_tags_drop_section_numbers(heading: str, kept: str
     assert unnumbered(heading) == kept
 
 
+def test_served_text_leaves_out_style_and_script_blocks_but_not_code_showing_them(tmp_path: Path) -> None:
+    from kindex.scan import document_text
+
+    page = (
+        "# Home\n\n<STYLE>\n.md-content { display: none }\n</style>\n<script>track()</script>\n"
+        "Welcome.\n\n```html\n<style>\nbody { color: red }\n</style>\n```\n"
+    )
+    write(tmp_path / "index.md", page)
+
+    text = document_text(tmp_path, "index.md")
+
+    assert text == "# Home\n\nWelcome.\n\n```html\n<style>\nbody { color: red }\n</style>\n```"
+
+
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
     from kindex.extractive import distinctive_tags
 
