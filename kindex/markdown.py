@@ -8,7 +8,7 @@ closed only by the same kind of fence, at least as long. No regex here can backt
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_])<[A-Za-z][^<>\n]*>")
@@ -151,11 +151,19 @@ def lines(text: str) -> list[Line]:
 RAW_BLOCKS = ("style", "script")
 
 
-def outside_raw_blocks(text_lines: Iterable[Line]) -> Iterator[Line]:
+def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
     """The lines that are not part of a ``<style>`` or ``<script>`` block (a page's CSS or JavaScript is neither
-    what it says nor worth a reader's tokens); lines of fenced code are kept, whatever they show."""
+    what it says nor worth a reader's tokens); lines of fenced code are kept, whatever they show. A block is one
+    only if it closes: prose that opens a line with "<script> tags are stripped" keeps the rest of the page."""
+    last_close = {name: -1 for name in RAW_BLOCKS}  # one pass first, so each opening is settled in O(1)
+    for i, line in enumerate(text_lines):
+        if line.fence is None and "</" in line.text:
+            low = line.text.lower()
+            for name in RAW_BLOCKS:
+                if f"</{name}>" in low:
+                    last_close[name] = i
     raw: str | None = None
-    for line in text_lines:
+    for i, line in enumerate(text_lines):
         if line.fence is not None:
             yield line
             continue
@@ -165,7 +173,7 @@ def outside_raw_blocks(text_lines: Iterable[Line]) -> Iterator[Line]:
                 raw = None
             continue
         opened = next((name for name in RAW_BLOCKS if low.lstrip().startswith(f"<{name}")), None)
-        if opened is not None:
+        if opened is not None and last_close[opened] >= i:
             raw = None if f"</{opened}>" in low else opened
             continue
         yield line

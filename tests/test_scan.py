@@ -283,6 +283,11 @@ def test_served_text_leaves_out_style_and_script_blocks_but_not_code_showing_the
     text = document_text(tmp_path, "index.md")
 
     assert text == "# Home\n\nWelcome.\n\n```html\n<style>\nbody { color: red }\n</style>\n```"
+    # A block is one only if it closes: prose that starts with a tag keeps the rest of the page.
+    write(tmp_path / "sanitiser.md", "# Sanitiser\n\n<script> tags are removed from comments.\n\n## Limits\n")
+    assert document_text(tmp_path, "sanitiser.md") == (
+        "# Sanitiser\n\n<script> tags are removed from comments.\n\n## Limits"
+    )
 
 
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
