@@ -46,7 +46,7 @@ from kindex.generators import (
     make_generator,
     root_messages,
 )
-from kindex.llm import LLMClient, LLMSettings, import_litellm
+from kindex.llm import LLMClient, LLMSettings, check_model, import_litellm
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
@@ -283,7 +283,9 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
         calls.append(label)
         prompt += _tokens_of(messages)
         completion += answer_tokens
-    return _plan(generator.name, calls, cached, prompt, completion, _price(opts.llm, prompt, completion))
+    # A client of the caller's own is priced by no one here; litellm's model string is checked and priced.
+    cost = _price(opts.llm, prompt, completion) if opts.client is None else None
+    return _plan(generator.name, calls, cached, prompt, completion, cost)
 
 
 def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion: int, cost: float | None) -> Plan:
@@ -301,8 +303,10 @@ def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion
 def _price(llm: LLMSettings, prompt: int, completion: int) -> float | None:
     if not llm.model:
         return None
+    litellm = import_litellm()
+    check_model(litellm, llm.model)  # a plan for a model no call could reach is no plan
     try:
-        info = import_litellm().get_model_info(llm.model)
+        info = litellm.get_model_info(llm.model)
     except Exception:  # litellm raises assorted errors for models it has no price for
         return None
     inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")

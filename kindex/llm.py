@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -133,6 +134,18 @@ at least this many tokens); a longer answer is cut off and salvaged."""
 MAX_RETRY_AFTER = 120.0
 
 
+def check_model(litellm: Any, model: str | None) -> None:
+    """:class:`UsageError` unless litellm can tell which provider ``model`` names."""
+    try:
+        litellm.get_llm_provider(model)
+    except Exception:  # litellm's BadRequestError: it cannot tell which provider the string names
+        raise UsageError(
+            f"model {model!r} names no provider litellm knows: write it as provider/model, e.g. "
+            "openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, ollama/qwen2.5 (a local OpenAI-compatible "
+            "server: openai/NAME with --api-base)"
+        ) from None
+
+
 class LiteLLMClient:
     """An :class:`LLMClient` over ``litellm.acompletion``: any litellm model string, retries with backoff."""
 
@@ -141,22 +154,29 @@ class LiteLLMClient:
             raise UsageError("no model configured: pass --model or set KINDEX_MODEL")
         settings.check()
         self.settings = settings
-        self._litellm = import_litellm()
-        try:
-            self._litellm.get_llm_provider(settings.model)
-        except Exception:  # litellm's BadRequestError: it cannot tell which provider the string names
-            raise UsageError(
-                f"model {settings.model!r} names no provider litellm knows: write it as provider/model, e.g. "
-                "openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, ollama/qwen2.5 (a local OpenAI-compatible "
-                "server: openai/NAME with --api-base)"
-            ) from None
-        import httpx  # litellm's own transport dependency, loaded with it
-
-        self._httpx = httpx
+        # litellm is loaded by the first call, not here: a reindex whose answers are all cached makes no call and
+        # is spared its 4-6 s import (a model string it cannot read could not have cached an answer either).
+        self._litellm: Any = None
+        self._httpx: Any = None
+        self._loading = threading.Lock()
         self._keys_checked = False
         self._api_key: str | None = None
-        self._response_format = self._choose_response_format()
-        self._output_limit = self._model_output_limit()
+        self._response_format = "none"
+        self._output_limit = UNKNOWN_OUTPUT_LIMIT
+
+    def _load(self) -> None:
+        """Import litellm, check the model string, and settle what depends on the model (once)."""
+        with self._loading:
+            if self._litellm is not None:
+                return
+            litellm = import_litellm()
+            check_model(litellm, self.settings.model)
+            import httpx  # litellm's own transport dependency, loaded with it
+
+            self._httpx = httpx
+            self._litellm = litellm
+            self._response_format = self._choose_response_format()
+            self._output_limit = self._model_output_limit()
 
     def _check_keys(self) -> str | None:
         """Fail at once, naming the variable, when the provider's key is missing (not after a retry per document).
@@ -189,6 +209,7 @@ class LiteLLMClient:
     def answer_cap(self, wanted: int | None) -> int:
         """The ``max_tokens`` a call that wants ``wanted`` is sent with: never below the configured cap, never above
         what the model can write (unless the configured cap itself is)."""
+        self._load()
         own = self.settings.max_tokens
         return own if wanted is None else max(own, min(wanted, self._output_limit))
 
@@ -210,6 +231,7 @@ class LiteLLMClient:
     async def complete(
         self, messages: Sequence[Message], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
     ) -> Completion:
+        self._load()
         lt = self._litellm
         s = self.settings
         if not self._keys_checked:  # before the first call, not at construction: a dry run needs no key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,29 @@ def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: 
     assert f"kindex: generator: model openai/fake at {fake_llm.url}" in err
     assert "1 item(s) failed" in err
     assert run("validate", str(sample_kb))[0] == 0
+
+
+@pytest.mark.slow  # fresh interpreters, to see what they import
+def test_a_fully_cached_reindex_with_a_model_never_imports_litellm(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    args = ["reindex", str(sample_kb), "--model", "openai/fake", "--api-base", fake_llm.url]
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from kindex.cli import main\n"
+        "result = CliRunner().invoke(main, sys.argv[1:])\n"
+        "print(result.exit_code, 'litellm' in sys.modules)\n"
+    )
+    env = {**os.environ, "OPENAI_API_KEY": "test-key"}
+
+    def run_probe() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True, env=env
+        ).stdout.strip()
+
+    assert run_probe() == "0 True"  # the first run calls the model
+    calls = len(fake_llm.requests)
+    assert run_probe() == "0 False"  # every answer cached: no call, and 4-6 s of import spared
+    assert len(fake_llm.requests) == calls
 
 
 @pytest.mark.slow  # a fresh interpreter, to see what it imports
