@@ -148,35 +148,52 @@ def lines(text: str) -> list[Line]:
     return out
 
 
-RAW_BLOCKS = ("style", "script")
+# The start and end of a CommonMark HTML block of type 1 that holds no prose: a line indented three spaces at most
+# that opens <style> or <script> (the tag name whole: not <styled-component>, not <scripts>), and the first line
+# after it that closes it.
+_RAW_START = re.compile(r" {0,3}<(style|script)(?:[ \t>]|$)", re.IGNORECASE)
+_RAW_END = {name: re.compile(rf"</{name}>", re.IGNORECASE) for name in ("style", "script")}
 
 
 def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
-    """The lines that are not part of a ``<style>`` or ``<script>`` block (a page's CSS or JavaScript is neither
-    what it says nor worth a reader's tokens); lines of fenced code are kept, whatever they show. A block is one
-    only if it closes: prose that opens a line with "<script> tags are stripped" keeps the rest of the page."""
-    last_close = {name: -1 for name in RAW_BLOCKS}  # one pass first, so each opening is settled in O(1)
+    """The lines outside ``<style>`` and ``<script>`` blocks (a page's CSS or JavaScript is neither what it says
+    nor worth a reader's tokens), as CommonMark reads such blocks; lines of fenced code are kept, whatever they
+    show. Unlike CommonMark, a block that never closes is no block (prose that opens a line with "<script> tags
+    are stripped" keeps the rest of the page), and what follows the closing tag on its line is kept."""
+    next_close: dict[str, list[int]] = {name: [] for name in _RAW_END}  # lines holding each closing tag, in order
     for i, line in enumerate(text_lines):
         if line.fence is None and "</" in line.text:
-            low = line.text.lower()
-            for name in RAW_BLOCKS:
-                if f"</{name}>" in low:
-                    last_close[name] = i
-    raw: str | None = None
-    for i, line in enumerate(text_lines):
-        if line.fence is not None:
+            for name, end in _RAW_END.items():
+                if end.search(line.text):
+                    next_close[name].append(i)
+    seen = {name: 0 for name in _RAW_END}  # how many of next_close[name] lie before the current line
+    i, n = 0, len(text_lines)
+    while i < n:
+        line = text_lines[i]
+        start = _RAW_START.match(line.text) if line.fence is None else None
+        if start is None:
             yield line
+            i += 1
             continue
-        low = line.text.lower()
-        if raw is not None:
-            if f"</{raw}>" in low:
-                raw = None
+        name = start.group(1).lower()
+        closes = next_close[name]
+        while seen[name] < len(closes) and closes[seen[name]] < i:
+            seen[name] += 1
+        if seen[name] == len(closes):  # never closed: prose, kept
+            yield line
+            i += 1
             continue
-        opened = next((name for name in RAW_BLOCKS if low.lstrip().startswith(f"<{name}")), None)
-        if opened is not None and last_close[opened] >= i:
-            raw = None if f"</{opened}>" in low else opened
+        end_line = closes[seen[name]]
+        closing = text_lines[end_line]
+        match = _RAW_END[name].search(closing.text, start.end() if end_line == i else 0)
+        if match is None:  # the closing tag on the opening line comes before the opening itself: kept as prose
+            yield line
+            i += 1
             continue
-        yield line
+        rest = closing.text[match.end() :]
+        if rest.strip():
+            yield Line(closing.start + match.end(), rest, None, None)
+        i = end_line + 1
 
 
 def headings(text: str) -> tuple[str, ...]:

@@ -290,6 +290,29 @@ def test_served_text_leaves_out_style_and_script_blocks_but_not_code_showing_the
     )
 
 
+@pytest.mark.parametrize(
+    ("body", "kept"),
+    [
+        (
+            "Intro\n<scripts>\nA\n</scripts>\nB\n<script>x()</script>\nEnd\n",
+            "Intro\n<scripts>\nA\n</scripts>\nB\nEnd\n",
+        ),
+        (
+            "<styled-component>\nA\n</styled-component>\nB\n<style>a{}</style>\n",
+            "<styled-component>\nA\n</styled-component>\nB\n",
+        ),
+        ("<style>a{}</style> A\n<style>\nb{}\n</style>B\n", " A\nB\n"),  # what follows the close is kept
+        ("Example:\n\n    <script>\n    alert(1)\n    </script>\n\nEnd\n", None),  # indented code: kept whole
+        ("A\n<Script type=module>\nx\n</SCRIPT>\nB\n", "A\nB\n"),
+    ],
+    ids=["longer-tag-name", "custom-element", "after-the-close", "indented-code", "attributes-and-case"],
+)
+def test_only_real_style_and_script_blocks_are_left_out(body: str, kept: str | None) -> None:
+    from kindex.scan import clean_body
+
+    assert clean_body(body) == (body if kept is None else kept)
+
+
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
     from kindex.extractive import distinctive_tags
 
