@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,7 +75,21 @@ def extract_object(text: str) -> dict[str, Any]:
 
 
 MAX_RAW_STARTS = 32
-_DECODER = json.JSONDecoder()
+
+
+def _not_json(value: str) -> float:
+    raise ValueError(f"{value} is no JSON number")
+
+
+def _finite(value: str) -> float:
+    number = float(value)
+    if math.isinf(number):
+        raise ValueError(f"{value} is no finite number")
+    return number
+
+
+# As strict as the parser of the other paths (orjson): no NaN, no Infinity, no 1e999.
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 
 
 def _first_object_parsed_from_a_brace(text: str) -> dict[str, Any] | None:
@@ -156,32 +171,44 @@ def salvage_truncated(text: str) -> dict[str, Any] | None:
     if len(text) > MAX_ANSWER_CHARS:
         return None
     text = _encodable(text)
-    # From each of the first few braces in turn: "Here is {doc}: {…cut off" starts with a closed one, and a quoted
-    # "{" in the prose starts a reading in which the answer's strings are inside out (its cut rarely parses).
-    start = text.find("{")
+    # Objects closed before the answer ("Here is {doc}: {…cut off") are stepped over, and so is a quoted "{" in the
+    # prose, which would start a reading with the answer's strings inside out. The first object that does not
+    # close is the answer: when its cut does not parse, nothing inside it is taken for it instead.
+    start = _next_brace(text, 0)
     for _ in range(FRESH_SCANS):
         if start < 0:
             return None
         cut = _last_complete_value(text, start)
-        if cut is not None:
-            end, closers = cut
-            try:
-                obj = orjson.loads(text[start:end] + closers)
-            except orjson.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict) and obj:
-                return obj
-        start = text.find("{", start + 1)
+        if isinstance(cut, int):  # closed at that index
+            start = _next_brace(text, cut + 1)
+            continue
+        if cut is None:
+            return None
+        end, closers = cut
+        try:
+            obj = orjson.loads(text[start:end] + closers)
+        except orjson.JSONDecodeError:
+            return None
+        return obj if isinstance(obj, dict) and obj else None
     return None
+
+
+def _next_brace(text: str, at: int) -> int:
+    """The next ``{`` from ``at`` that is not a quoted one (``"{"`` in prose), or -1."""
+    start = text.find("{", at)
+    while start > 0 and text[start - 1 : start] == '"' and text[start + 1 : start + 2] == '"':
+        start = text.find("{", start + 1)
+    return start
 
 
 _Open = tuple[str, "_Open | None"]
 """The containers open at a point, innermost first, as a shared linked list: a snapshot costs nothing."""
 
 
-def _last_complete_value(text: str, start: int) -> tuple[int, str] | None:
+def _last_complete_value(text: str, start: int) -> tuple[int, str] | int | None:
     """Where the unclosed object at ``text[start]`` can be cut after its last complete value, and the closing
-    brackets that then end it; ``None`` if no value inside it was complete.
+    brackets that then end it; the index of its closing brace if it closes after all; ``None`` if no value inside
+    it was complete or a bracket closes nothing open (malformed, not cut off).
 
     A comma follows a complete value (an array item or an object member), and so does a nested container's close.
     The open containers at each such point are kept as an immutable linked list, so recording the point is O(1)
@@ -197,7 +224,7 @@ def _last_complete_value(text: str, start: int) -> tuple[int, str] | None:
                 return None  # a bracket that closes nothing open: malformed (or misread from here), not cut off
             open_ = open_[1]
             if open_ is None:
-                return None  # the object closed after all: nothing was cut off
+                return i  # the object closed after all: nothing was cut off
             best = (i + 1, open_)
         elif open_ is not None:  # a comma
             best = (i, open_)

@@ -103,3 +103,21 @@ def test_a_cut_off_answer_after_a_quoted_brace_is_salvaged_from_its_own_start() 
 
     answer = 'Tip: "{" opens. {"title": "T", "summary": "}", "links": [{"path": "p", "why": ""'
     assert salvage_truncated(answer) == {"title": "T", "summary": "}", "links": [{"path": "p"}]}
+
+
+def test_an_object_inside_a_malformed_cut_off_answer_is_not_taken_for_the_answer() -> None:
+    from kindex.generators import _check_doc, _extract_or_salvage
+
+    # The outer object lacks a comma and is cut off; its example question is a complete, plausible entry.
+    answer = (
+        '{"title": "Refund policy" "summary": "How refunds work", "questions": [{"title": "Can I get a refund?", '
+        '"summary": "Yes, within 7 days", "tags": ["refund", "po'
+    )
+    with pytest.raises(AnswerError):
+        _extract_or_salvage(answer, _check_doc)  # a repair request follows, not an inner object indexed
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_the_last_resort_parse_is_as_strict_as_json(number: str) -> None:
+    with pytest.raises(AnswerError):
+        extract_object(f'Note "{{": {{"title": "x", "summary": "y", "score": {number}}}')
