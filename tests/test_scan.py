@@ -258,6 +258,12 @@ def test_only_markdown_line_endings_start_a_line(separator: str) -> None:
         ("一、冲突是怎么产生的", "冲突是怎么产生的"),
         ("（二）开具发票", "开具发票"),
         ("第三章 安装", "安装"),
+        ("第三章：安装", "安装"),
+        ("第一部分 概述", "概述"),
+        ("第二节课 安排", "第二节课 安排"),  # a lesson, not a section
+        ("2.x 迁移指南", "2.x 迁移指南"),  # versions and names
+        ("3.js 入门", "3.js 入门"),
+        ("1.安装", "安装"),
         ("1.2.3、配置", "配置"),
         ("3.5 版本说明", "3.5 版本说明"),  # a version is the subject, not a section number
         ("2024 年报", "2024 年报"),
