@@ -55,6 +55,7 @@ def app(kb_root: Path) -> FastAPI:
 def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     preview = call(app, "GET", f"{BASE}/reindex/preview")
     assert preview.status_code == 200 and preview.json()["steps_total"] == 19
+    assert preview.json()["kb"] == "agent1" and str(kb_root) not in preview.text  # no server path for a tenant
 
     r = call(app, "POST", f"{BASE}/reindex/root")
     assert r.status_code == 200 and r.json()["progress"] == {"completed": 1, "total": 1}

@@ -59,7 +59,8 @@ async def _run_step(state: ServerState, agent_id: str, step: Step, wait: bool) -
 
 @knowledge.get("/reindex/preview", response_model=Preview, summary="Scan only: steps, themes, skipped")
 def preview(agent_id: str, request: Request) -> Any:
-    return server_state(request).handle(agent_id).preview()
+    # The agent's folder by its id: where the server keeps it is no business of a tenant's.
+    return server_state(request).handle(agent_id).preview().model_copy(update={"kb": agent_id})
 
 
 @knowledge.post("/reindex/root", responses=_STEP_RESPONSES, summary="Write the root index.json")
