@@ -78,13 +78,13 @@ MAX_RAW_STARTS = 32
 
 
 def _not_json(value: str) -> float:
-    raise ValueError(f"{value} is no JSON number")
+    raise AnswerError(f"{value} is no JSON number")
 
 
 def _finite(value: str) -> float:
     number = float(value)
     if math.isinf(number):
-        raise ValueError(f"{value} is no finite number")
+        raise AnswerError(f"{value} is no finite number")
     return number
 
 
@@ -99,7 +99,7 @@ def _first_object_parsed_from_a_brace(text: str) -> dict[str, Any] | None:
             return None
         try:
             obj, _end = _DECODER.raw_decode(text, start)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError, AnswerError):
             pass
         else:
             if isinstance(obj, dict):
