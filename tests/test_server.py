@@ -189,8 +189,10 @@ def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> N
     typo = call(app, "POST", f"{BASE}/context", json={"mesage": "退款"}).json()["error"]["message"]
     assert typo == "body.message: Field required; body.mesage: Extra inputs are not permitted"
     # What HTTP clients send by default on a POST without options is no body to refuse.
-    for empty in (b"", b"{}", b"null"):
-        assert call(app, "POST", f"{BASE}/reindex/root", content=empty).status_code == 200
+    for empty in (b"", b"{}", b"null", b"{ }", b"\xef\xbb\xbf", b"\xef\xbb\xbf{}", b"{\n}\n"):
+        assert call(app, "POST", f"{BASE}/reindex/root", content=empty).status_code == 200, empty
+    r = call(app, "POST", f"{BASE}/reindex/root", params=[("wait", "true"), ("wait", "false")])
+    assert r.json()["error"]["message"] == "query parameter 'wait' is given more than once: give it once"
 
 
 def test_a_theme_index_is_served_only_for_a_scanned_theme(kb_root: Path, app: FastAPI) -> None:

@@ -69,3 +69,17 @@ def test_a_malformed_sync_manifest_is_a_422_not_a_500(app: FastAPI) -> None:
     for manifest in ({"skills": 5}, {"skills": [{"name": ["x"], "version": "1"}]}):
         r = call(app, "POST", f"{BASE}/sync", json={"manifest": manifest})
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_skill", r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"garbage", b"\r\n--zz\r\n\r\n"],
+    ids=["not-multipart", "no-field-name"],
+)
+def test_a_multipart_body_that_does_not_parse_gets_401_first_without_the_token(app: FastAPI, body: bytes) -> None:
+    headers = {"Content-Type": "multipart/form-data; boundary=zz"}
+    r = call(app, "POST", f"{BASE}/import", auth=False, content=body, headers=headers)
+
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    with_token = call(app, "POST", f"{BASE}/import", content=body, headers=headers)
+    assert with_token.status_code == 400 and with_token.json()["error"]["code"] == "invalid_request"

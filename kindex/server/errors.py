@@ -71,16 +71,23 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
         message = for_http(exc.message, request.app.state.kb_root, request.path_params.get("agent_id"))
         return error_response(exc, message)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI decodes the JSON body before it runs a route's dependencies, so a caller without the token
-        # learnt the body's rules (a 422 naming the field) before being told to authenticate.
+    def guard_first(request: Request) -> JSONResponse | None:
+        """The route's own guard's answer, if it refuses: FastAPI reads and checks a body (JSON or multipart) before
+        it runs a route's dependencies, so a caller without the token learnt the body's rules (a 422 naming a
+        field, a 400 about multipart) before being told to authenticate."""
         route = request.scope.get("route")
         if any(dep.dependency is guard for dep in getattr(route, "dependencies", ())):
             try:
                 guard(request)
             except KindexError as err:
                 return error_response(err)
+        return None
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused = guard_first(request)
+        if refused is not None:
+            return refused
         first = exc.errors()[0] if exc.errors() else {}
         loc = tuple(first.get("loc", ()))
         if first.get("type") == "json_invalid":
@@ -101,6 +108,10 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # a multipart body that does not parse, read before the dependencies ran
+            refused = guard_first(request)
+            if refused is not None:
+                return refused
         err: KindexError
         if exc.status_code == 404:
             err = RouteNotFoundError(str(exc.detail))

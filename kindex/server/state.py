@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from fastapi import Request
 
 from kindex.errors import BusyError, ForbiddenError, UnauthorizedError, UsageError
@@ -220,9 +221,25 @@ async def strict_request(request: Request) -> None:
     if unknown:
         takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
         raise UsageError(f"unknown query parameter {unknown[0][:100]!r}: {takes}")
-    if getattr(route, "body_field", None) is None and (await request.body()).strip() not in _EMPTY_BODIES:
+    twice = sorted(k for k in known if len(request.query_params.getlist(k)) > 1)
+    if twice:  # ?wait=true&wait=false: the last one would win, unseen
+        raise UsageError(f"query parameter {twice[0]!r} is given more than once: give it once")
+    if getattr(route, "body_field", None) is None and not _empty(await request.body()):
         options = f" (its options are query parameters: {', '.join(sorted(known))})" if known else ""
         raise UsageError(f"this route takes no body{options}")
+
+
+def _empty(body: bytes) -> bool:
+    """Whether ``body`` says nothing: empty, or JSON ``{}`` or ``null`` however spaced, with or without a BOM."""
+    body = body.removeprefix(b"\xef\xbb\xbf").strip()
+    if body in _EMPTY_BODIES:
+        return True
+    if len(body) > 64:  # an empty object, however spaced out, is short: the rest is a body
+        return False
+    try:
+        return orjson.loads(body) in ({}, None)
+    except orjson.JSONDecodeError:
+        return False
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}
