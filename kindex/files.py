@@ -6,6 +6,7 @@ in it or replace it mid-run."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -84,6 +85,7 @@ def regular_file(path: Path) -> bool:
 
 
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_PRIVATE_USE = re.compile("[\ue000-\uf8ff]")
 _UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 
 
@@ -115,7 +117,10 @@ def decode_document(data: bytes) -> str:
             ) from None
         if "\x00" in text:
             raise InvalidFileError("contains NUL characters: not a text document")
-        return text
+        if _PRIVATE_USE.search(text):
+            # What UTF-8 text behind a stray mark reads as in UTF-16: no one writes Markdown in these characters.
+            raise InvalidFileError(f"content does not read as {encoding.upper()} text: save it as UTF-8")
+        return text.lstrip("\ufeff")
     if b"\x00" in data:
         if _looks_utf16(data[:4096]):
             raise InvalidFileError("content looks like UTF-16 without a byte order mark: save it as UTF-8")
@@ -124,4 +129,4 @@ def decode_document(data: bytes) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidFileError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
-    return text.removeprefix("\ufeff")
+    return text.lstrip("\ufeff")  # a mark saved twice over (an editor's round trip) is no text either
