@@ -427,13 +427,17 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
 
 def surface_forms(text: str) -> dict[str, str]:
     """Each term of a Latin-script word of ``text`` with the word as written (``cor``: ``CORS``, ``background``:
-    ``BackgroundTasks``): what a person reads in "matched", where the stems mean nothing. The first word wins."""
+    ``BackgroundTasks``, ``cors``: ``ＣＯＲＳ`` if that is how it was typed): what a person reads in "matched", where
+    the stems mean nothing. The first word wins."""
     forms: dict[str, str] = {}
-    for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
+    for m in _TOKEN.finditer(text):  # the words as typed; each normalised as analysis normalises the whole
         word = m.group("word")
         if word is not None and len(word) <= MAX_WORD:
-            for term in _word_terms(word):
-                forms.setdefault(term, word)
+            for normal in _TOKEN.finditer(unicodedata.normalize("NFKC", word)):
+                folded = normal.group("word")
+                if folded is not None:
+                    for term in _word_terms(folded):
+                        forms.setdefault(term, word)
     return forms
 
 

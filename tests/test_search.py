@@ -344,3 +344,5 @@ def test_matched_words_are_shown_as_the_question_wrote_them(indexed: Path) -> No
     assert hit.path == "developer/Webhook回调.md" and hit.matched == ("signature", "Webhooks")
     ctx = kindex.build_context(indexed, "Webhooks 签名校验失败")
     assert ctx.items[0].matched == ("Webhooks", "校验", "签名")
+    # Typed in full-width letters, shown so: nothing appears in "matched" that the question does not hold.
+    assert kindex.search(indexed, "Ｗｅｂｈｏｏｋｓ signature", limit=1)[0].matched == ("signature", "Ｗｅｂｈｏｏｋｓ")
