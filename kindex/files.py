@@ -6,7 +6,6 @@ in it or replace it mid-run."""
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,7 +84,6 @@ def regular_file(path: Path) -> bool:
 
 
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-_PRIVATE_USE = re.compile("[\ue000-\uf8ff]")
 _UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 
 
@@ -117,8 +115,9 @@ def decode_document(data: bytes) -> str:
             ) from None
         if "\x00" in text:
             raise InvalidFileError("contains NUL characters: not a text document")
-        if _PRIVATE_USE.search(text):
-            # What UTF-8 text behind a stray mark reads as in UTF-16: no one writes Markdown in these characters.
+        if b"\x00" not in data[2:]:
+            # Every line break (and every ASCII character) of UTF-16 or UTF-32 text holds a NUL byte: bytes without
+            # one are UTF-8 or another 8-bit text behind a stray mark, which would read as gibberish.
             raise InvalidFileError(f"content does not read as {encoding.upper()} text: save it as UTF-8")
         return text.lstrip("\ufeff")
     if b"\x00" in data:

@@ -402,3 +402,21 @@ def test_a_redis_that_refuses_answers_503_with_its_reason(tmp_path: Path) -> Non
             assert r.json()["error"]["code"] == "queue_unavailable" and "maxmemory" in r.json()["error"]["message"]
     finally:
         server.kill()
+
+
+def test_a_worker_refuses_a_model_string_before_it_takes_a_slot_of_the_shared_limit(tmp_path: Path) -> None:
+    # The adapter checks the string lazily, inside its first call, after the limit has been taken; a string no
+    # provider takes must not spend the budget every worker shares (no Redis is touched: the store is a stand-in).
+    import threading
+    from types import SimpleNamespace
+
+    from kindex.queue.ratelimit import ModelLimit
+    from kindex.queue.worker import StepRunner, WorkerConfig
+
+    shutil.copytree(SAMPLE_KB, tmp_path / "a1")
+    (tmp_path / "a1" / "kindex.toml").write_text('[model]\nmodel = "badmodel"\n', encoding="utf-8")
+    config = WorkerConfig(tmp_path, "redis://unused", limits={"*": ModelLimit("*", rpm=60)})
+    runner = StepRunner(config, SimpleNamespace(redis=None), threading.Event())  # type: ignore[arg-type]
+
+    with pytest.raises(kindex.UsageError, match="names no provider litellm knows"):
+        runner._client(kindex.KnowledgeBase(tmp_path / "a1"), threading.Event())

@@ -79,17 +79,26 @@ def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_pat
     write(kb / "billing" / "nul.md", "# a\x00b\n".encode("utf-16"))
     write(kb / "billing" / "one-nul.md", b"# ab \x00 cd\n" + b"text " * 100)  # no UTF-16: one stray NUL
     write(kb / "billing" / "stray-mark.md", b"\xff\xfe" + "# 发票说明\n\n开票。\n".encode())  # UTF-8 behind it
+    write(kb / "billing" / "stray-mark-ascii.md", b"\xfe\xff" + b"# Title\nsome text here!\n")
+    write(kb / "billing" / "icons.md", b"\xff\xfe" + "# 图标 \ue001 说明\n\n正文。\n".encode("utf-16-le"))
     write(kb / "billing" / "two-marks.md", b"\xef\xbb\xbf" + "\ufeff# 两个标记\n\n正文。\n".encode())
 
     s = kindex.scan(kb)
 
-    assert [d.path_in_theme for d in s.themes["billing"]] == ["big-endian.md", "notepad.md", "two-marks.md", "utf32.md"]
-    assert [d.headings for d in s.themes["billing"]] == [("发票",), ("退款政策",), ("两个标记",), ("账单",)]
+    assert [d.path_in_theme for d in s.themes["billing"]] == [
+        "big-endian.md",
+        "icons.md",  # a private-use glyph (an icon font's) is no reason to refuse real UTF-16
+        "notepad.md",
+        "two-marks.md",
+        "utf32.md",
+    ]
+    assert [d.headings[0] for d in s.themes["billing"]] == ["发票", "图标 \ue001 说明", "退款政策", "两个标记", "账单"]
     assert {x.path: x.reason for x in s.skipped} == {
         "billing/no-mark.md": "content looks like UTF-16 without a byte order mark: save it as UTF-8",
         "billing/nul.md": "contains NUL characters: not a text document",
         "billing/one-nul.md": "contains NUL bytes: not a text document",
         "billing/stray-mark.md": "content does not read as UTF-16 text: save it as UTF-8",
+        "billing/stray-mark-ascii.md": "content does not read as UTF-16 text: save it as UTF-8",
     }
     kindex.reindex(kb)
     ctx = kindex.build_context(kb, "退款多久到账")

@@ -189,7 +189,18 @@ def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> N
     typo = call(app, "POST", f"{BASE}/context", json={"mesage": "退款"}).json()["error"]["message"]
     assert typo == "body.message: Field required; body.mesage: Extra inputs are not permitted"
     # What HTTP clients send by default on a POST without options is no body to refuse.
-    for empty in (b"", b"{}", b"null", b"{ }", b"\xef\xbb\xbf", b"\xef\xbb\xbf{}", b"{\n}\n"):
+    spaced = b"{" + b" " * 70 + b"}"
+    for empty in (
+        b"",
+        b"{}",
+        b"null",
+        b"{ }",
+        b"\xef\xbb\xbf",
+        b"\xef\xbb\xbf{}",
+        b"{\n}\n",
+        spaced,
+        b"\xef\xbb\xbf" * 2 + b"{}",
+    ):
         assert call(app, "POST", f"{BASE}/reindex/root", content=empty).status_code == 200, empty
     r = call(app, "POST", f"{BASE}/reindex/root", params=[("wait", "true"), ("wait", "false")])
     assert r.json()["error"]["message"] == "query parameter 'wait' is given more than once: give it once"

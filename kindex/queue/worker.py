@@ -35,7 +35,7 @@ from kindex.errors import CancelledRun, InternalError, KBNotFoundError, KindexEr
 from kindex.generate import Progress
 from kindex.jsonlog import LOG_CONFIG
 from kindex.kb import KnowledgeBase, agent_folder
-from kindex.llm import LiteLLMClient, LLMClient, LLMSettings, import_litellm
+from kindex.llm import LiteLLMClient, LLMClient, LLMSettings, check_model, import_litellm
 from kindex.queue.broker import DEFAULT_REDELIVER_AFTER, QUEUE, TASK, make_app
 from kindex.queue.jobs import JobStore, Lease, error_body, finished, redact, step_of
 from kindex.queue.ratelimit import LimitedClient, ModelLimit, SharedLimit, limit_for
@@ -210,6 +210,9 @@ class StepRunner:
         limit = limit_for(self.config.limits, llm.model)
         if limit is None or not llm.configured:
             return kb.settings.generation.client
+        # Checked before the first call: a model string no provider takes must not hold a slot of the shared
+        # limit (the client checks it lazily, inside its first call, after the slot is taken).
+        check_model(import_litellm(), llm.model)
         shared = SharedLimit(self.store.redis, limit)
         return LimitedClient(LiteLLMClient(llm), shared, llm.max_tokens, cancel)
 
