@@ -105,7 +105,8 @@ def decode_document(data: bytes) -> str:
     mark (what Windows Notepad saves as "Unicode"), or UTF-32 with its mark. :class:`InvalidFileError` saying why
     it is no text."""
     # UTF-32's little-endian mark begins with UTF-16's: the longer one is looked for first.
-    encoding = "utf-32" if data[:4] in _UTF32_BOMS else "utf-16" if data[:2] in _UTF16_BOMS else None
+    bom = data[:4] if data[:4] in _UTF32_BOMS else data[:2] if data[:2] in _UTF16_BOMS else b""
+    encoding = "utf-32" if len(bom) == 4 else "utf-16" if bom else None
     if encoding is not None:
         try:
             text = data.decode(encoding)  # the mark says which byte order, and is dropped
@@ -115,7 +116,7 @@ def decode_document(data: bytes) -> str:
             ) from None
         if "\x00" in text:
             raise InvalidFileError("contains NUL characters: not a text document")
-        if b"\x00" not in data[2:]:
+        if b"\x00" not in data[len(bom) :]:
             # Every line break (and every ASCII character) of UTF-16 or UTF-32 text holds a NUL byte: bytes without
             # one are UTF-8 or another 8-bit text behind a stray mark, which would read as gibberish.
             raise InvalidFileError(f"content does not read as {encoding.upper()} text: save it as UTF-8")

@@ -151,8 +151,15 @@ def lines(text: str) -> list[Line]:
 # The start and end of a CommonMark HTML block of type 1 that holds no prose: a line indented three spaces at most
 # that opens <style> or <script> (the tag name whole: not <styled-component>, not <scripts>), and the first line
 # after it that closes it.
-_RAW_START = re.compile(r" {0,3}<(style|script)(?:[ \t>]|$)", re.IGNORECASE)
+_RAW_START = re.compile(r" {0,3}<(style|script)(?:[ \t\r>]|$)", re.IGNORECASE)
+_RAW_START_ANYWHERE = re.compile(r"^ {0,3}<(?:style|script)(?:[ \t\r>]|$)", re.IGNORECASE | re.MULTILINE)
 _RAW_END = {name: re.compile(rf"</{name}>", re.IGNORECASE) for name in ("style", "script")}
+
+
+def may_hold_raw_blocks(text: str) -> bool:
+    """Whether a line of ``text`` opens a ``<style>`` or ``<script>`` block: one regex search, so that most pages (a
+    tag named in prose or inline code included) skip the line pass of :func:`outside_raw_blocks`."""
+    return _RAW_START_ANYWHERE.search(text) is not None
 
 
 def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:

@@ -16,7 +16,7 @@ from kindex import config
 from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError, UsageError
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
 from kindex.globs import any_match
-from kindex.markdown import headings, lines, outside_raw_blocks
+from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
 
@@ -26,7 +26,6 @@ _UNREADABLE = "cannot be read"
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
 _BLANK_RUNS = re.compile(r"\n{3,}")
-_RAW_OPEN = re.compile(r"<(?:style|script)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +315,7 @@ def clean_body(body: str) -> str:
     """The body without HTML comments (licence headers and the like), ``<style>`` and ``<script>`` blocks outside
     code (a landing page's CSS spent a small budget before its first word), and long runs of blank lines."""
     body = _HTML_COMMENT.sub("", body)
-    if _RAW_OPEN.search(body):  # most pages have none: no line pass for them
+    if may_hold_raw_blocks(body):  # most pages have none: no line pass for them
         body = "".join(line.text for line in outside_raw_blocks(lines(body)))
     return _BLANK_RUNS.sub("\n\n", body)
 

@@ -322,8 +322,18 @@ def test_served_text_leaves_out_style_and_script_blocks_but_not_code_showing_the
         ("<style>a{}</style> A\n<style>\nb{}\n</style>B\n", " A\nB\n"),  # what follows the close is kept
         ("Example:\n\n    <script>\n    alert(1)\n    </script>\n\nEnd\n", None),  # indented code: kept whole
         ("A\n<Script type=module>\nx\n</SCRIPT>\nB\n", "A\nB\n"),
+        ("A\r\n<style\r\nmedia=print>\r\nx{}\r\n</style>\r\nB\r\n", "A\r\nB\r\n"),  # a tag broken at a CRLF
+        ("Use the `<script>` tag.\n<!-- x -->\n", "Use the `<script>` tag.\n\n"),  # named inline: no block
     ],
-    ids=["longer-tag-name", "custom-element", "after-the-close", "indented-code", "attributes-and-case"],
+    ids=[
+        "longer-tag-name",
+        "custom-element",
+        "after-the-close",
+        "indented-code",
+        "attributes-and-case",
+        "crlf",
+        "inline",
+    ],
 )
 def test_only_real_style_and_script_blocks_are_left_out(body: str, kept: str | None) -> None:
     from kindex.scan import clean_body
