@@ -120,6 +120,12 @@ class BusyError(ConflictError):
         super().__init__(message)
         self.task_id = task_id
 
+    @classmethod
+    def held_by(cls, agent_id: str, holder: str, waiting: int = 0) -> BusyError:
+        """The agent's KB is held by task ``holder``, with ``waiting`` more steps waiting their turn behind it."""
+        more = f" and {waiting} more wait" if waiting else ""
+        return cls(f"agent {agent_id!r} is being reindexed by task {holder}{more}", task_id=holder)
+
 
 class CancelledRun(ConflictError):
     """A run was cancelled (HTTP ``DELETE /v1/tasks/{id}``, server shutdown); nothing was written after the cancel."""

@@ -309,6 +309,8 @@ class KnowledgeBase:
 
 StepName = Literal["reindex", "root", "sub", "doc"]
 STEPS: tuple[str, ...] = get_args(StepName)
+MAX_WAITING_STEPS = 100
+"""Steps that may wait for one agent's KB (:attr:`Step.waits_its_turn`); the next one is refused busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +334,14 @@ class Step:
             return kb.sub(self.dir, options)
         assert self.path is not None
         return kb.doc(self.dir, self.path, clear_dir=self.clear_dir, options=options)
+
+    @property
+    def waits_its_turn(self) -> bool:
+        """Whether the step, sent while another step holds the KB, waits for it instead of being refused: one
+        document merged into its theme (SPEC §5: concurrent ``sub/doc`` calls lose no update). It reads its
+        document when it runs, so it may run after anything; ``clear_dir`` starts a theme afresh, which is not
+        something to do at an unknown later moment."""
+        return self.name == "doc" and not self.clear_dir
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dir": self.dir, "path": self.path, "clear_dir": self.clear_dir}

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from kindex.server import create_app
 from kindex.server.errors import MAX_BODY_BYTES
 from kindex.store import read_index_file
 from tests.conftest import SAMPLE_KB
-from tests.fakellm import FakeLLM, Reply, well_behaved
+from tests.fakellm import FakeLLM, Reply, user_text, well_behaved
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -80,7 +81,7 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
 
     assert call(app, "GET", f"{BASE}/index").json()["themes"][0]["dir"] == "account"
     assert call(app, "GET", f"{BASE}/index/billing").json()["themes"] == []
-    assert call(app, "GET", "/healthz", auth=False).json() == {"status": "ok", "running_tasks": 0}
+    assert call(app, "GET", "/healthz", auth=False).json() == {"status": "ok", "running_tasks": 0, "waiting_tasks": 0}
 
 
 def test_context_over_http_says_what_is_wrong_with_the_index(
@@ -404,3 +405,62 @@ def test_a_nan_threshold_is_refused_as_not_a_finite_number(app: FastAPI) -> None
     body = b'{"message": "x", "min_relevance": NaN}'
     r = call(app, "POST", f"{BASE}/context", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and "finite number" in r.json()["error"]["message"], r.text
+
+
+def test_document_steps_sent_while_the_kb_is_busy_wait_their_turn(
+    kb_root: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §5: concurrent sub/doc calls lose no update. Each waits queued behind the step that holds the KB and runs
+    in the order sent, reading its document when its turn comes; a waiting one can be cancelled and never runs;
+    other steps are still refused busy, and so is a doc step past the bound of waiting steps."""
+    gate = threading.Event()
+    gate.set()
+
+    def script(request: dict[str, Any]) -> Reply:
+        gate.wait(60)
+        return well_behaved(request)
+
+    fake_llm.script = script
+    monkeypatch.setattr("kindex.server.tasks.MAX_WAITING_STEPS", 3)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    agent = kb_root / "agent1"
+    docs = ["双重验证.md", "子账号与权限.md", "注册与实名认证.md"]
+    for i, name in enumerate(docs):
+        (agent / "account" / name).write_text(f"# 新版 {i}\n\n改写后的第 {i} 篇：暗号 word{i}。\n", encoding="utf-8")
+    (agent / "billing" / "退款政策.md").write_text("# 退款\n\n改写后：holder 要问模型。\n", encoding="utf-8")
+    before = len(fake_llm.requests)
+
+    gate.clear()
+    holder = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"}, params={"wait": "false"}).json()["id"]
+    fake_llm.wait_for_requests(before + 1)  # the holder is in the middle of its model calls
+    sent = [
+        call(app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "account", "path": n}, params={"wait": "false"})
+        for n in docs
+    ]
+    assert [r.status_code for r in sent] == [202, 202, 202]
+    assert [r.json()["state"] for r in sent] == ["queued"] * 3
+    ids = [r.json()["id"] for r in sent]
+
+    over = call(app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "account", "path": "登录问题排查.md"})
+    root = call(app, "POST", f"{BASE}/reindex/root")
+    assert over.status_code == root.status_code == 409
+    assert over.json()["error"]["message"] == f"agent 'agent1' is being reindexed by task {holder} and 3 more wait"
+    assert call(app, "GET", "/healthz").json()["waiting_tasks"] == 3
+
+    cancelled = call(app, "DELETE", f"/v1/tasks/{ids[1]}").json()
+    assert cancelled["state"] == "cancelled" and cancelled["finished_at"] is not None
+    assert cancelled["error"]["message"] == "the task was cancelled before it ran"
+
+    gate.set()
+    for task_id in [holder, *ids]:
+        assert app.state.tasks.task(task_id).done.wait(60)
+    states = [call(app, "GET", f"/v1/tasks/{t}").json()["state"] for t in [holder, *ids]]
+    assert states == ["done", "done", "cancelled", "done"]
+    asked = [user_text(r) for r in fake_llm.requests[before:]]
+    # Each waiting step read its document when it ran, in the order sent; the cancelled one never asked the model.
+    order = [next(i for i, text in enumerate(asked) if f"word{n}" in text) for n in (0, 2)]
+    assert order[0] < order[1] and not any("word1" in text for text in asked)
+    entries = {d.path: d.title for d in read_index_file(agent / "account" / "index.json")[0].documents}
+    assert entries[docs[0]] == f"标题 {docs[0]}" and entries[docs[2]] == f"标题 {docs[2]}"
+    assert call(app, "GET", "/healthz").json()["waiting_tasks"] == 0

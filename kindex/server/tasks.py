@@ -5,7 +5,8 @@
 - :class:`kindex.server.queued.QueuedTasks` (``kindex serve --queue``): steps go to Celery workers over Redis, and
   their state lives in Redis, where every replica reads it.
 
-Both keep one writer per agent (a second step is refused with 409 ``busy``, naming the task that holds it).
+Both keep one writer per agent. A second step is refused with 409 ``busy``, naming the task that holds it, except one
+document merged into its theme (:attr:`kindex.kb.Step.waits_its_turn`), which waits ``queued`` for its turn.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 
 from kindex.errors import BusyError, CancelledRun, InternalError, KindexError, TaskNotFoundError
 from kindex.generate import Progress
-from kindex.kb import KnowledgeBase, Step
+from kindex.kb import MAX_WAITING_STEPS, KnowledgeBase, Step
 from kindex.results import ErrorBody, RunReport, StepProgress, TaskModel
 from kindex.server.errors import error_fields
 
@@ -111,6 +113,8 @@ class Tasks:
     def __init__(self, workers: int = DEFAULT_TASK_WORKERS) -> None:
         self._tasks: dict[str, Task] = {}
         self._running: dict[str, str] = {}
+        # Per agent, the steps waiting for the one that holds its KB, in the order they came.
+        self._waiting: dict[str, deque[tuple[Task, Step, KnowledgeBase]]] = {}
         # Steps run in their own bounded pool: more tasks than workers wait "queued", and neither they nor the
         # requests waiting for them take a thread from the pool that serves other requests.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kindex-task")
@@ -120,19 +124,28 @@ class Tasks:
         return self.start(agent_id, step, kb).to_model()
 
     def start(self, agent_id: str, step: Step, kb: KnowledgeBase) -> Task:
-        """Start ``step`` in the pool (it reads the KB's settings as they are now); the task, to follow it."""
+        """Start ``step`` in the pool (it reads the KB's settings as they are when it starts), or queue it behind
+        the step that holds the agent's KB if it :attr:`~kindex.kb.Step.waits_its_turn`; the task, to follow it."""
         with self._lock:
             holder = self._running.get(agent_id)
-            if holder is not None:
-                raise BusyError(f"agent {agent_id!r} is being reindexed by task {holder}", task_id=holder)
+            waiting = self._waiting.get(agent_id, deque())
+            if holder is not None and (not step.waits_its_turn or len(waiting) >= MAX_WAITING_STEPS):
+                raise BusyError.held_by(agent_id, holder, len(waiting))
             task = Task(uuid.uuid4().hex, agent_id, step.name)
             self._tasks[task.id] = task
-            self._running[agent_id] = task.id
             self._forget_old()
+            if holder is not None:
+                self._waiting[agent_id] = waiting
+                waiting.append((task, step, kb))
+                return task
+            self._running[agent_id] = task.id
+        self._launch(task, step, kb)
+        return task
+
+    def _launch(self, task: Task, step: Step, kb: KnowledgeBase) -> None:
         # One stat of kindex.toml (parsed only when it changed): cheap enough for the event loop.
         options = replace(kb.settings.generation, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
         self._pool.submit(self._run, task, lambda: step.run(kb, options))
-        return task
 
     @staticmethod
     def _progress(task: Task, p: Progress) -> None:
@@ -153,10 +166,22 @@ class Tasks:
             task.state = "failed"
         finally:
             task.finished_at = time.time()
+            nxt = None
             with self._lock:
                 if self._running.get(task.agent_id) == task.id:
                     del self._running[task.agent_id]
+                    waiting = self._waiting.get(task.agent_id)
+                    if waiting:
+                        nxt = waiting.popleft()
+                        self._running[task.agent_id] = nxt[0].id
+                    else:
+                        self._waiting.pop(task.agent_id, None)
             task.finish()
+            if nxt is not None:
+                try:
+                    self._launch(*nxt)
+                except RuntimeError as exc:  # the pool is shut down: the step will not run, and says so
+                    self._end_unrun(nxt[0], CancelledRun(f"the server stopped before the step ran ({exc})"))
 
     def task(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
@@ -175,13 +200,32 @@ class Tasks:
     async def cancel(self, task_id: str) -> TaskModel:
         task = self.task(task_id)
         task.cancel.set()
+        with self._lock:
+            waiting = self._waiting.get(task.agent_id, deque())
+            queued = next((w for w in waiting if w[0] is task), None)
+            if queued is not None:
+                waiting.remove(queued)
+        if queued is not None:
+            self._end_unrun(task, CancelledRun("the task was cancelled before it ran"))
         return task.to_model()
 
+    @staticmethod
+    def _end_unrun(task: Task, error: KindexError) -> None:
+        """End a task that never ran."""
+        task.error, task.state, task.finished_at = error, "cancelled", time.time()
+        task.finish()
+
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "running_tasks": len(self._running)}
+        waiting = sum(len(w) for w in self._waiting.values())
+        return {"status": "ok", "running_tasks": len(self._running), "waiting_tasks": waiting}
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""
+        with self._lock:
+            unrun = [w[0] for waiting in self._waiting.values() for w in waiting]
+            self._waiting.clear()
+        for task in unrun:
+            self._end_unrun(task, CancelledRun("the server stopped before the step ran"))
         for task in list(self._tasks.values()):
             if not task.done.is_set():
                 task.cancel.set()
