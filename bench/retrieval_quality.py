@@ -19,7 +19,11 @@ or come from real FAQ pages (greptime-zh and memdocs-zh qrels.json), and nothing
             80 questions and 120 off-topic messages each holding a name that mixes letters and digits (HTTP2,
             Win11, utf8mb4, an error code), about half of the latter a name the corpus mentions
   held-out: greptime-zh qrels, memdocs-zh qrels, keywords (one- or two-word questions), colloquial, off-topic
-            messages (small talk for every KB, near-domain tech questions about other products per KB); and for the
+            messages (small talk for every KB, near-domain tech questions about other products per KB);
+            bench/queries/fresh_heldout.json, written in the eleventh session by a helper that read only the corpora
+            and first run after every change of that session was in: for APISIX zh, FastAPI zh, greptime-zh and
+            memdocs-zh, 25 questions with the pages that answer them (ranked), 25 near-domain messages the KB does
+            not answer (about 15 naming a product the KB mentions) and 10 small-talk ones; and for the
             English KBs, bench/queries/english.json (25 questions with their pages and 15 off-topic messages each,
             a third of them small talk), the only held-out sets sent to them; their dev sets are
             bench/queries/english_dev.json (30 questions and 20 messages each, by another helper) and APISIX's FAQ.md
@@ -265,6 +269,7 @@ def main() -> None:
     off_held = json.loads((queries_dir / "offtopic_heldout.json").read_text(encoding="utf-8"))
     english = json.loads((queries_dir / "english.json").read_text(encoding="utf-8"))
     english_dev = json.loads((queries_dir / "english_dev.json").read_text(encoding="utf-8"))
+    fresh = json.loads((queries_dir / "fresh_heldout.json").read_text(encoding="utf-8"))
     helpers = {
         f: json.loads((queries_dir / f).read_text(encoding="utf-8"))
         for f in ("helper_dev.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
@@ -281,6 +286,7 @@ def main() -> None:
     identifiers = {"zh": [0, 0, 0], "en": [0, 0, 0]}
     pick = random.Random(7)
     keyword_top3: list[float] = []
+    fresh_on = [0, 0]  # the fresh held-out questions: [fell back, asked]
     tmp = tempfile.TemporaryDirectory()
     work = args.keep or Path(tmp.name)
     for name in args.kbs.split(","):
@@ -311,6 +317,8 @@ def main() -> None:
             sets["colloquial (held-out)"] = [(q, t) for q, t in colloquial[name]]
         if held and name in keywords:
             sets["keywords (held-out)"] = [(q, t) for q, t in keywords[name]]
+        if held and name in fresh:
+            sets["fresh (held-out)"] = [(q, t) for q, t in fresh[name]["on"]]
         if dev and name in english_dev:
             sets["english (dev)"] = [(q, t) for q, t in english_dev[name]["on"]]
         if held and name in english:
@@ -347,6 +355,8 @@ def main() -> None:
             fell = sum(kindex.build_context(kb, q).fallback for q, _ in queries)
             on_topic_total += len(queries)
             on_topic_fell += fell
+            if set_name.startswith("fresh"):
+                fresh_on[0], fresh_on[1] = fresh_on[0] + fell, fresh_on[1] + len(queries)
             if set_name.startswith(("handwritten", "helper")):
                 noisy = [f"{q} {pick.choice(VALUES)}" for q, _ in queries]
                 with_value[0] += sum(kindex.build_context(kb, m).fallback for m in noisy)
@@ -373,6 +383,9 @@ def main() -> None:
                 messages["held-out: small talk"] = off_held["any"]
                 if name in off_held:
                     messages["held-out: near-domain"] = off_held[name]
+                if name in fresh:
+                    messages["held-out fresh: near-domain"] = fresh[name]["off_near"]
+                    messages["held-out fresh: small talk"] = fresh[name]["off_smalltalk"]
         for label, msgs in messages.items():
             fb = [kindex.build_context(kb, m).fallback for m in msgs]
             offtopic_rows.append((name, label, sum(fb), len(msgs)))
@@ -410,6 +423,15 @@ def main() -> None:
         print(
             f"- on-topic questions that fell back: {on_topic_fell}/{on_topic_total} "
             f"({on_topic_fell / on_topic_total:.1%})"
+        )
+    fresh_off = [(fb, n) for _, label, fb, n in offtopic_rows if label.startswith("held-out fresh")]
+    if fresh_off:
+        near = [(fb, n) for _, label, fb, n in offtopic_rows if label == "held-out fresh: near-domain"]
+        off_fb, off_n = sum(f for f, _ in fresh_off), sum(n for _, n in fresh_off)
+        near_fb, near_n = sum(f for f, _ in near), sum(n for _, n in near)
+        print(
+            f"- fresh held-out set: off-topic messages that fell back {off_fb}/{off_n} ({off_fb / off_n:.1%}; "
+            f"near-domain {near_fb}/{near_n}), on-topic questions that fell back {fresh_on[0]}/{fresh_on[1]}"
         )
     if keyword_top3:
         print(
