@@ -309,8 +309,6 @@ class KnowledgeBase:
 
 StepName = Literal["reindex", "root", "sub", "doc"]
 STEPS: tuple[str, ...] = get_args(StepName)
-MAX_WAITING_STEPS = 100
-"""Steps that may wait for one agent's KB (:attr:`Step.waits_its_turn`); the next one is refused busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +338,8 @@ class Step:
         """Whether the step, sent while another step holds the KB, waits for it instead of being refused: one
         document merged into its theme (SPEC §5: concurrent ``sub/doc`` calls lose no update). It reads its
         document when it runs, so it may run after anything; ``clear_dir`` starts a theme afresh, which is not
-        something to do at an unknown later moment."""
+        something to do at an unknown later moment. In-process only: queue mode refuses it like any other step
+        (:mod:`kindex.queue.jobs`)."""
         return self.name == "doc" and not self.clear_dir
 
     def to_dict(self) -> dict[str, Any]:

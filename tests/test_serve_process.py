@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,39 @@ def test_without_a_token_it_refuses_to_listen_beyond_loopback(kb_root: Path) -> 
         timeout=60,
     )
     assert r.returncode == 2 and "refusing to listen on 0.0.0.0 without KINDEX_API_TOKEN" in r.stderr
+
+
+def test_sigterm_answers_the_requests_waiting_for_steps_at_once(
+    server: tuple[subprocess.Popen[str], httpx.Client], kb_root: Path, fake_llm: FakeLLM
+) -> None:
+    """uvicorn drains open requests before the app shuts down: a `wait=true` request, and the doc steps waiting
+    their turn behind it, used to run on for the 30 s grace and then get a plain-text 500. The stop signal cancels
+    them first, so each request gets its JSON answer and the waiting steps never run."""
+    proc, client = server
+    assert client.post("/v1/agents/agent1/knowledge/reindex").status_code == 200
+    agent = kb_root / "agent1"
+    for name in ("双重验证.md", "子账号与权限.md"):
+        (agent / "account" / name).write_text(f"# {name}\n\n改过了。\n", encoding="utf-8")
+    fake_llm.script = lambda request: Reply(json.dumps(good_doc(request), ensure_ascii=False), latency=2.0)
+    asked = len(fake_llm.requests)
+
+    def doc(name: str) -> httpx.Response:
+        return client.post("/v1/agents/agent1/knowledge/reindex/sub/doc", json={"dir": "account", "path": name})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(doc, "双重验证.md")
+        fake_llm.wait_for_requests(asked + 1)  # the first step holds the KB, its model call in flight
+        waiting = client.post(
+            "/v1/agents/agent1/knowledge/reindex/sub/doc",
+            json={"dir": "account", "path": "子账号与权限.md"},
+            params={"wait": "false"},
+        ).json()
+        assert waiting["state"] == "queued"
+        second = pool.submit(client.get, f"/v1/tasks/{waiting['id']}")  # a poller, answered at once
+        assert second.result().json()["state"] == "queued"
+        proc.send_signal(signal.SIGTERM)
+        answer = first.result()
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "cancelled", answer.text
+    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert len(fake_llm.requests) == asked + 1  # the waiting step never asked the model
+    assert kindex.validate(agent) == []

@@ -407,12 +407,8 @@ def test_a_nan_threshold_is_refused_as_not_a_finite_number(app: FastAPI) -> None
     assert r.status_code == 422 and "finite number" in r.json()["error"]["message"], r.text
 
 
-def test_document_steps_sent_while_the_kb_is_busy_wait_their_turn(
-    kb_root: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SPEC §5: concurrent sub/doc calls lose no update. Each waits queued behind the step that holds the KB and runs
-    in the order sent, reading its document when its turn comes; a waiting one can be cancelled and never runs;
-    other steps are still refused busy, and so is a doc step past the bound of waiting steps."""
+def gated(fake_llm: FakeLLM) -> threading.Event:
+    """A model that answers only while the returned gate is set (it starts set)."""
     gate = threading.Event()
     gate.set()
 
@@ -421,19 +417,38 @@ def test_document_steps_sent_while_the_kb_is_busy_wait_their_turn(
         return well_behaved(request)
 
     fake_llm.script = script
+    return gate
+
+
+def hold_the_kb(app: FastAPI, kb_root: Path, fake_llm: FakeLLM, gate: threading.Event) -> str:
+    """After a first reindex, a ``sub billing`` step that holds agent1's KB in the middle of a model call (until the
+    gate is set again); its task id."""
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    (kb_root / "agent1" / "billing" / "退款政策.md").write_text("# 退款\n\n改写后：要问模型。\n", encoding="utf-8")
+    before = len(fake_llm.requests)
+    gate.clear()
+    holder: str = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"}, params={"wait": "false"}).json()[
+        "id"
+    ]
+    fake_llm.wait_for_requests(before + 1)
+    return holder
+
+
+def test_document_steps_sent_while_the_kb_is_busy_wait_their_turn(
+    kb_root: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §5: concurrent sub/doc calls lose no update. Each waits queued behind the step that holds the KB and runs
+    in the order sent, reading its document when its turn comes; a waiting one can be cancelled and never runs;
+    other steps are still refused busy, and so is a doc step past the bound of waiting steps."""
+    gate = gated(fake_llm)
     monkeypatch.setattr("kindex.server.tasks.MAX_WAITING_STEPS", 3)
     app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
-    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    before = len(fake_llm.requests)
+    holder = hold_the_kb(app, kb_root, fake_llm, gate)
     agent = kb_root / "agent1"
     docs = ["双重验证.md", "子账号与权限.md", "注册与实名认证.md"]
-    for i, name in enumerate(docs):
+    for i, name in enumerate(docs):  # edited while the holder runs: each waiting step reads its document when it runs
         (agent / "account" / name).write_text(f"# 新版 {i}\n\n改写后的第 {i} 篇：暗号 word{i}。\n", encoding="utf-8")
-    (agent / "billing" / "退款政策.md").write_text("# 退款\n\n改写后：holder 要问模型。\n", encoding="utf-8")
-    before = len(fake_llm.requests)
-
-    gate.clear()
-    holder = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"}, params={"wait": "false"}).json()["id"]
-    fake_llm.wait_for_requests(before + 1)  # the holder is in the middle of its model calls
     sent = [
         call(app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "account", "path": n}, params={"wait": "false"})
         for n in docs
@@ -464,3 +479,61 @@ def test_document_steps_sent_while_the_kb_is_busy_wait_their_turn(
     entries = {d.path: d.title for d in read_index_file(agent / "account" / "index.json")[0].documents}
     assert entries[docs[0]] == f"标题 {docs[0]}" and entries[docs[2]] == f"标题 {docs[2]}"
     assert call(app, "GET", "/healthz").json()["waiting_tasks"] == 0
+
+
+def test_a_waiting_step_that_cannot_start_fails_and_hands_the_kb_on(kb_root: Path, fake_llm: FakeLLM) -> None:
+    """kindex.toml broken while steps wait: each ends failed with the file's error when its turn comes (it was
+    left queued, holding the agent for good), and once the file is fixed the agent takes steps again."""
+    gate = gated(fake_llm)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    holder = hold_the_kb(app, kb_root, fake_llm, gate)
+    agent = kb_root / "agent1"
+    body = {"dir": "account", "path": "双重验证.md"}
+    ids = [call(app, "POST", f"{BASE}/reindex/sub/doc", json=body, params={"wait": "false"}).json()["id"] for _ in "ab"]
+    (agent / "kindex.toml").write_text("[generation\n", encoding="utf-8")
+    gate.set()
+    for task_id in [holder, *ids]:
+        assert app.state.tasks.task(task_id).done.wait(60)
+    ends = [call(app, "GET", f"/v1/tasks/{t}").json() for t in ids]
+    assert [(e["state"], e["error"]["code"]) for e in ends] == [("failed", "invalid_file")] * 2, ends
+    assert call(app, "GET", "/healthz").json() == {"status": "ok", "running_tasks": 0, "waiting_tasks": 0}
+    (agent / "kindex.toml").unlink()
+    assert call(app, "POST", f"{BASE}/reindex/root").status_code == 200
+
+
+def test_a_waiting_step_waits_for_another_writer_s_lock(
+    kb_root: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step accepted to wait its turn, which then meets another writer's lock (a CLI run, a watcher), waits for
+    it instead of failing busy at once as a new request does."""
+    from kindex import generate
+    from kindex.lock import write_lock
+
+    agent = kb_root / "agent1"
+    waits: list[float] = []
+    other_holds, other_may_go = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with write_lock(agent, "another writer"):
+            other_holds.set()
+            other_may_go.wait(60)
+
+    def recording_lock(kb: Path, what: str, **kwargs: Any) -> Any:
+        waits.append(kwargs.get("wait", 0.0))
+        if len(waits) == 3:  # the waiting step's turn (after the first reindex and the holder): another writer is in
+            threading.Thread(target=other_writer).start()
+            assert other_holds.wait(60)
+        return write_lock(kb, what, **kwargs)
+
+    monkeypatch.setattr(generate, "write_lock", recording_lock)
+    gate = gated(fake_llm)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings(model="openai/fake", api_base=fake_llm.url))
+    holder = hold_the_kb(app, kb_root, fake_llm, gate)
+    body = {"dir": "account", "path": "双重验证.md"}
+    waiting = call(app, "POST", f"{BASE}/reindex/sub/doc", json=body, params={"wait": "false"}).json()["id"]
+    gate.set()
+    assert app.state.tasks.task(holder).done.wait(60) and other_holds.wait(60)
+    assert waits == [0.0, 0.0, 300.0]  # the reindex and the holder as new requests, the waiting step as accepted
+    other_may_go.set()
+    assert app.state.tasks.task(waiting).done.wait(60)
+    assert call(app, "GET", f"/v1/tasks/{waiting}").json()["state"] == "done"

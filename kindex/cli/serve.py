@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging.config
 import os
 import socket
+import threading
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -59,14 +61,24 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
     mode = f"steps queued on {_redacted(queue)}" if queue else "steps run in this process"
     logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}; {mode}); OpenAPI at /docs")
     _check_port(host, port)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_config=LOG_CONFIG,
-        access_log=False,
-        timeout_graceful_shutdown=30,
+    stop_steps = app.state.tasks.stop
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:
+                # uvicorn drains open requests before the app's shutdown runs: a request waiting for a step (and
+                # the steps waiting their turn behind it) would run on for the whole grace period. Cancel them now,
+                # on a thread, since a signal handler must not wait for the engine's lock.
+                threading.Thread(target=stop_steps, name="kindex-stop", daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=LOG_CONFIG, access_log=False, timeout_graceful_shutdown=30
     )
+    server = Server(config)
+    server.run()
+    if not server.started:
+        raise KindexError(f"the HTTP service did not start on {host}:{port}; see the log above")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -5,9 +5,8 @@ Keys (prefix ``kindex:``)::
     task:{id}     hash: the task record (agent, step, state, progress, report, error, worker); kept RECORD_TTL
                   seconds once finished
     busy:{agent}  the task that holds the agent's KB from submission to its end: a second submission gets 409,
-                  unless it waits its turn (one document merged into its theme)
-    waiting:{agent}  set of the ids of the steps waiting their turn behind it (finished ones pruned at the next
-                  submission); while one is unfinished the agent stays held
+                  a doc step too (in-process it would wait its turn; here the client sends it again, see
+                  :attr:`kindex.kb.Step.waits_its_turn`)
     lease:{agent} ``{task_id}:{token}`` with a TTL: the worker running the agent's step, renewed while it runs,
                   lapsed when the worker dies; only its holder may write the task's record (fenced writes)
     cancel:{id}   set by DELETE /v1/tasks/{id}; the worker polls it and stops before its next write
@@ -33,7 +32,7 @@ import redis
 import redis.exceptions
 
 from kindex.errors import BusyError, KindexError, QueueUnavailableError, TaskNotFoundError, UsageError
-from kindex.kb import MAX_WAITING_STEPS, Step
+from kindex.kb import Step
 from kindex.results import TERMINAL_STATES, ErrorBody, RunReport, StepProgress, TaskModel
 
 T = TypeVar("T")
@@ -46,33 +45,14 @@ WORKER_SEEN_WITHIN = 30.0
 SOCKET_TIMEOUT = 5.0
 """A Redis that accepts connections but does not answer fails a request after this long, not never."""
 
-# The agent's holder (the busy key's task if it is not finished, else any unfinished waiting one) refuses the step
-# ({holder, waiting}) unless the step waits its turn and the bound allows: then it joins the waiting set, and the
-# workers' lease runs the steps one at a time (in no promised order). Finished waiting ones leave the set here.
 _CLAIM = """
-local function unfinished(id)
-  local st = redis.call('HGET', ARGV[2] .. ':task:' .. id, 'state')
-  return st == 'queued' or st == 'running'
-end
 local holder = redis.call('GET', KEYS[1])
-if holder and not unfinished(holder) then holder = nil end
-local waiting = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[4])) do
-  if unfinished(id) then
-    waiting = waiting + 1
-    holder = holder or id
-  else
-    redis.call('SREM', KEYS[4], id)
-  end
-end
 if holder then
-  if ARGV[3] ~= '1' or waiting >= tonumber(ARGV[4]) then return {holder, waiting} end
-  redis.call('SADD', KEYS[4], ARGV[1])
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
-else
-  redis.call('SET', KEYS[1], ARGV[1])
+  local st = redis.call('HGET', ARGV[2] .. ':task:' .. holder, 'state')
+  if st == 'queued' or st == 'running' then return holder end
 end
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('SADD', KEYS[3], ARGV[1])
 return false
 """
@@ -186,8 +166,7 @@ class JobStore:
     # -- the API's side -----------------------------------------------------------------------------------------
 
     def create(self, agent_id: str, step: Step) -> TaskModel:
-        """A queued task for ``step`` on the agent's KB; :class:`BusyError` naming the task that holds it, unless
-        the step :attr:`~kindex.kb.Step.waits_its_turn` (then the workers' lease runs it when the holder is done)."""
+        """A queued task for ``step`` on the agent's KB; :class:`BusyError` naming the task that holds it."""
         task_id = uuid.uuid4().hex
         now = time.time()
         fields = {
@@ -200,16 +179,13 @@ class JobStore:
             "total": 0,
             "created_at": repr(now),
         }
-        keys = [self.key("busy", agent_id), self.key("task", task_id), self.key("set", "active")]
-        waits = "1" if step.waits_its_turn else "0"
         with reaching():
-            refused = self._claim(
-                keys=[*keys, self.key("waiting", agent_id)],
-                args=[task_id, self.prefix, waits, MAX_WAITING_STEPS, RECORD_TTL, *_flat(fields)],
+            holder = self._claim(
+                keys=[self.key("busy", agent_id), self.key("task", task_id), self.key("set", "active")],
+                args=[task_id, self.prefix, *_flat(fields)],
             )
-        if refused is not None:
-            holder, waiting = refused
-            raise BusyError.held_by(agent_id, str(holder), int(waiting))
+        if holder is not None:
+            raise BusyError.held_by(agent_id, str(holder))
         return self.get(task_id)
 
     def record(self, task_id: str) -> dict[str, str] | None:

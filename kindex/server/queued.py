@@ -112,5 +112,8 @@ class QueuedTasks:
             queued = int(self.store.redis.llen(QUEUE))
         return self.store.active(), self.store.workers(), queued
 
+    def stop(self) -> None:
+        """Nothing to cancel here: the workers run the steps, and a deploy of the API leaves them running."""
+
     def shutdown(self) -> None:
         self.store.redis.close()

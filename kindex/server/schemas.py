@@ -102,6 +102,9 @@ class QueueHealth(BaseModel):
 class HealthModel(BaseModel):
     status: Literal["ok", "unavailable"]
     running_tasks: int = Field(description="Tasks queued or running (in queue mode: across every replica).")
+    waiting_tasks: int | None = Field(
+        default=None, description="In-process only: document steps waiting their turn behind the step holding an agent."
+    )
     queue: QueueHealth | None = Field(default=None, description="Queue mode only.")
 
 

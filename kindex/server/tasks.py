@@ -5,8 +5,8 @@
 - :class:`kindex.server.queued.QueuedTasks` (``kindex serve --queue``): steps go to Celery workers over Redis, and
   their state lives in Redis, where every replica reads it.
 
-Both keep one writer per agent. A second step is refused with 409 ``busy``, naming the task that holds it, except one
-document merged into its theme (:attr:`kindex.kb.Step.waits_its_turn`), which waits ``queued`` for its turn.
+Both keep one writer per agent: a second step is refused with 409 ``busy``, naming the task that holds it. In-process,
+one document merged into its theme (:attr:`kindex.kb.Step.waits_its_turn`) waits ``queued`` for its turn instead.
 """
 
 from __future__ import annotations
@@ -24,13 +24,18 @@ from typing import Any, Protocol
 
 from kindex.errors import BusyError, CancelledRun, InternalError, KindexError, TaskNotFoundError
 from kindex.generate import Progress
-from kindex.kb import MAX_WAITING_STEPS, KnowledgeBase, Step
+from kindex.kb import KnowledgeBase, Step
 from kindex.results import ErrorBody, RunReport, StepProgress, TaskModel
 from kindex.server.errors import error_fields
 
 DEFAULT_TASK_WORKERS = 8
 """Generation steps that run at once in one server; more wait queued (each runs its own model calls concurrently)."""
 TASKS_KEPT = 1000
+MAX_WAITING_STEPS = 100
+"""Steps that may wait for one agent's KB (:attr:`kindex.kb.Step.waits_its_turn`); the next one is refused busy."""
+LOCK_WAIT_AFTER_WAITING = 300.0
+"""Seconds a step that waited its turn waits for another writer's lock (a CLI run, a watcher) before it fails busy:
+it was accepted, so it does not give up at once as a new request does."""
 log = logging.getLogger("kindex.server")
 
 
@@ -53,6 +58,10 @@ class TaskEngine(Protocol):
 
     async def health(self) -> dict[str, Any]:
         """The ``/healthz`` body; its ``status`` is ``ok`` when the engine can take steps."""
+        ...
+
+    def stop(self) -> None:
+        """Cancel the steps this process runs or holds waiting, without waiting for them (on the stop signal)."""
         ...
 
     def shutdown(self) -> None: ...
@@ -139,13 +148,46 @@ class Tasks:
                 waiting.append((task, step, kb))
                 return task
             self._running[agent_id] = task.id
-        self._launch(task, step, kb)
+        try:
+            self._launch(task, step, kb)
+        except BaseException:
+            with self._lock:
+                del self._tasks[task.id]  # the request fails with the error: no task to follow
+            self._hand_on(task)
+            raise
         return task
 
-    def _launch(self, task: Task, step: Step, kb: KnowledgeBase) -> None:
+    def _launch(self, task: Task, step: Step, kb: KnowledgeBase, *, waited: bool = False) -> None:
         # One stat of kindex.toml (parsed only when it changed): cheap enough for the event loop.
         options = replace(kb.settings.generation, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
+        if waited:
+            options = replace(options, wait=max(options.wait, LOCK_WAIT_AFTER_WAITING))
         self._pool.submit(self._run, task, lambda: step.run(kb, options))
+
+    def _hand_on(self, task: Task) -> None:
+        """Free the agent ``task`` held, or hand it to the next step waiting for it. A step that cannot start (a
+        broken ``kindex.toml``, a stopped pool) ends with its error, and the one after it gets its turn."""
+        while True:
+            with self._lock:
+                if self._running.get(task.agent_id) != task.id:
+                    return
+                waiting = self._waiting.get(task.agent_id)
+                if not waiting:
+                    del self._running[task.agent_id]
+                    self._waiting.pop(task.agent_id, None)
+                    return
+                task, step, kb = waiting.popleft()
+                self._running[task.agent_id] = task.id
+            try:
+                self._launch(task, step, kb, waited=True)
+                return
+            except KindexError as exc:
+                self._end_unrun(task, exc)
+            except RuntimeError as exc:  # the pool is shut down
+                self._end_unrun(task, CancelledRun(f"the server stopped before the step ran ({exc})"))
+            except Exception:
+                log.exception("task %s (%s of agent %s) could not start", task.id, task.step, task.agent_id)
+                self._end_unrun(task, InternalError("the task could not start on a server fault; see the server log"))
 
     @staticmethod
     def _progress(task: Task, p: Progress) -> None:
@@ -166,22 +208,8 @@ class Tasks:
             task.state = "failed"
         finally:
             task.finished_at = time.time()
-            nxt = None
-            with self._lock:
-                if self._running.get(task.agent_id) == task.id:
-                    del self._running[task.agent_id]
-                    waiting = self._waiting.get(task.agent_id)
-                    if waiting:
-                        nxt = waiting.popleft()
-                        self._running[task.agent_id] = nxt[0].id
-                    else:
-                        self._waiting.pop(task.agent_id, None)
             task.finish()
-            if nxt is not None:
-                try:
-                    self._launch(*nxt)
-                except RuntimeError as exc:  # the pool is shut down: the step will not run, and says so
-                    self._end_unrun(nxt[0], CancelledRun(f"the server stopped before the step ran ({exc})"))
+            self._hand_on(task)
 
     def task(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
@@ -211,24 +239,32 @@ class Tasks:
 
     @staticmethod
     def _end_unrun(task: Task, error: KindexError) -> None:
-        """End a task that never ran."""
-        task.error, task.state, task.finished_at = error, "cancelled", time.time()
+        """End a task that never ran: ``cancelled`` for a :class:`CancelledRun`, else ``failed``."""
+        task.error, task.finished_at = error, time.time()
+        task.state = "cancelled" if isinstance(error, CancelledRun) else "failed"
         task.finish()
 
     async def health(self) -> dict[str, Any]:
-        waiting = sum(len(w) for w in self._waiting.values())
-        return {"status": "ok", "running_tasks": len(self._running), "waiting_tasks": waiting}
+        with self._lock:
+            running, waiting = len(self._running), sum(len(w) for w in self._waiting.values())
+        return {"status": "ok", "running_tasks": running, "waiting_tasks": waiting}
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""
+    def stop(self) -> None:
+        """Cancel every step without waiting: the waiting ones end at once, the running ones stop before their next
+        write. The server calls it on its stop signal, so that requests waiting for a step are answered."""
         with self._lock:
             unrun = [w[0] for waiting in self._waiting.values() for w in waiting]
             self._waiting.clear()
+            tasks = list(self._tasks.values())
         for task in unrun:
             self._end_unrun(task, CancelledRun("the server stopped before the step ran"))
-        for task in list(self._tasks.values()):
+        for task in tasks:
             if not task.done.is_set():
                 task.cancel.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Cancel what runs and wait for it: each task stops before its next write, so the index stays valid."""
+        self.stop()
         deadline = time.monotonic() + timeout
         self._pool.shutdown(wait=False, cancel_futures=False)
         for task in list(self._tasks.values()):
