@@ -537,3 +537,15 @@ def test_a_waiting_step_waits_for_another_writer_s_lock(
     other_may_go.set()
     assert app.state.tasks.task(waiting).done.wait(60)
     assert call(app, "GET", f"/v1/tasks/{waiting}").json()["state"] == "done"
+
+
+def test_after_the_stop_signal_no_step_starts(app: FastAPI) -> None:
+    """Requests still draining after the stop signal (uvicorn answers them before the app shuts down) must not
+    start steps that stop() has already ended."""
+    app.state.tasks.stop()
+    r = call(app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "billing", "path": "退款政策.md"})
+    assert r.status_code == 409 and r.json()["error"] == {
+        "code": "cancelled",
+        "message": "the server is stopping: the step was not started; send it again",
+    }
+    assert call(app, "GET", "/healthz").json()["running_tasks"] == 0

@@ -128,6 +128,7 @@ class Tasks:
         # requests waiting for them take a thread from the pool that serves other requests.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kindex-task")
         self._lock = threading.Lock()
+        self._stopping = False
 
     async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
         return self.start(agent_id, step, kb).to_model()
@@ -136,6 +137,8 @@ class Tasks:
         """Start ``step`` in the pool (it reads the KB's settings as they are when it starts), or queue it behind
         the step that holds the agent's KB if it :attr:`~kindex.kb.Step.waits_its_turn`; the task, to follow it."""
         with self._lock:
+            if self._stopping:  # requests still draining after the stop signal must not start what stop() ended
+                raise CancelledRun("the server is stopping: the step was not started; send it again")
             holder = self._running.get(agent_id)
             waiting = self._waiting.get(agent_id, deque())
             if holder is not None and (not step.waits_its_turn or len(waiting) >= MAX_WAITING_STEPS):
@@ -251,8 +254,10 @@ class Tasks:
 
     def stop(self) -> None:
         """Cancel every step without waiting: the waiting ones end at once, the running ones stop before their next
-        write. The server calls it on its stop signal, so that requests waiting for a step are answered."""
+        write; no step starts after it. The server calls it on its stop signal, so that requests waiting for a step are
+        answered."""
         with self._lock:
+            self._stopping = True
             unrun = [w[0] for waiting in self._waiting.values() for w in waiting]
             self._waiting.clear()
             tasks = list(self._tasks.values())
