@@ -327,6 +327,16 @@ def test_serve_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "cannot listen on 127.0.0.1" in result.stderr
 
 
+def test_serve_that_did_not_start_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that stopped during start-up (uvicorn logs why) exits 1, not 0 as if it had served and ended."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    result = CliRunner().invoke(main, ["serve", "--kb-root", str(tmp_path), "--port", "0"])
+    assert result.exit_code == 1, result.output
+    assert "the HTTP service did not start on 127.0.0.1:0; see the log above" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [

@@ -169,7 +169,7 @@ class Tasks:
 
     def _hand_on(self, task: Task) -> None:
         """Free the agent ``task`` held, or hand it to the next step waiting for it. A step that cannot start (a
-        broken ``kindex.toml``, a stopped pool) ends with its error, and the one after it gets its turn."""
+        broken ``kindex.toml``) ends with its error, and the one after it gets its turn."""
         while True:
             with self._lock:
                 if self._running.get(task.agent_id) != task.id:
@@ -186,9 +186,7 @@ class Tasks:
                 return
             except KindexError as exc:
                 self._end_unrun(task, exc)
-            except RuntimeError as exc:  # the pool is shut down
-                self._end_unrun(task, CancelledRun(f"the server stopped before the step ran ({exc})"))
-            except Exception:
+            except Exception:  # on a pool thread, after the holder's end: nobody else would free the agent
                 log.exception("task %s (%s of agent %s) could not start", task.id, task.step, task.agent_id)
                 self._end_unrun(task, InternalError("the task could not start on a server fault; see the server log"))
 
