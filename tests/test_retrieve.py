@@ -730,7 +730,7 @@ def test_an_error_code_deep_in_a_long_table_ranks_its_page(tmp_path: Path) -> No
     assert kindex.search(kb, "Win32 应用安装报错 0x87D1041C", min_relevance=0)[0].path == "t/codes.md"
     loaded = kindex.KnowledgeBase(kb).retriever.loaded()
     plain, exact = (kindex.retrieve._row(loaded, "0x87d1041c", exact=e) for e in (False, True))
-    assert exact.gain[0] > plain.gain[0]  # the long table's length discounts nothing
+    assert exact.adds[0].real > plain.adds[0].real  # the long table's length discounts nothing
     # A name with digits (HTTP2, UTF-8, an error code) covers as a word: mentioned in passing, it is not the subject.
     assert list(exact.cover) == list(plain.cover) and exact.cover[0] < 1
 
