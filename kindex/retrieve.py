@@ -18,7 +18,6 @@ import math
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,7 +223,7 @@ class _Loaded:
     unconditional: npt.NDArray[np.bool_]
     path_rank: npt.NDArray[np.int64]
     by_path: dict[str, int]
-    theme_terms: list[Counter[str]]
+    theme_terms: Sequence[Mapping[str, int]]
     theme_postings: dict[str, list[tuple[int, int]]]
     """Per term of a theme entry: (theme, frequency) of every theme entry holding it, in theme order."""
     theme_norm: list[float]
@@ -271,9 +270,7 @@ def _load(kb: Path) -> _Loaded:
         b = FIELD_B[name]
         inv[name] = (FIELD_WEIGHTS[name] / (1 - b + b * lengths / avg)).astype(np.float32)
     theme_at = {t.dir: i for i, t in enumerate(index.themes)}
-    theme_terms = [
-        Counter(analyze(" \n".join((t.item.title, *t.item.tags, t.item.summary)), index.vocab)) for t in index.themes
-    ]
+    theme_terms = index.theme_terms
     theme_postings: dict[str, list[tuple[int, int]]] = {}
     for i, c in enumerate(theme_terms):
         for term, tf in c.items():

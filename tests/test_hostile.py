@@ -49,10 +49,10 @@ def _rewrite_npz(kb: Path, **changes: np.ndarray) -> None:
     np.savez(_npz(kb), **arrays)
 
 
-def _rewrite_first_entry(kb: Path, key: str, value: object) -> None:
+def _rewrite_meta(kb: Path, change: Callable[[dict[str, Any]], object]) -> None:
     with np.load(_npz(kb), allow_pickle=False) as data:
         meta = orjson.loads(data["meta"].tobytes())
-    meta["docs"][0][3][key] = value
+    change(meta)
     _rewrite_npz(kb, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8))
 
 
@@ -64,10 +64,14 @@ DAMAGE: dict[str, Callable[[Path], object]] = {
     "wrong dtype": lambda kb: _rewrite_npz(kb, lengths=np.zeros((21, 7), dtype=np.float64)),
     "2-d hashes": lambda kb: _rewrite_npz(kb, **{"title.hashes": np.zeros((2, 2), dtype=np.uint64)}),
     "meta is a list": lambda kb: _rewrite_npz(kb, meta=np.frombuffer(b"[1, 2]", dtype=np.uint8)),
-    "an entry's title a number": lambda kb: _rewrite_first_entry(kb, "title", 7),
-    "an entry's tag a number": lambda kb: _rewrite_first_entry(kb, "tags", ["退款", 7]),
-    "an entry's questions a string": lambda kb: _rewrite_first_entry(kb, "questions", "退款"),
-    "an entry's paths a mapping": lambda kb: _rewrite_first_entry(kb, "paths", {"a": 1}),
+    "an entry's title a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0][3].update(title=7)),
+    "an entry's tag a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0][3].update(tags=["退款", 7])),
+    "an entry's questions a string": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0][3].update(questions="退款")),
+    "an entry's paths a mapping": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0][3].update(paths={"a": 1})),
+    "a theme's terms not counts": lambda kb: _rewrite_meta(
+        kb, lambda m: m.update(theme_terms=[{"退款": "many"}] * len(m["themes"]))
+    ),
+    "a theme's terms missing": lambda kb: _rewrite_meta(kb, lambda m: m.update(theme_terms=m["theme_terms"][1:])),
     "NaN frequencies": lambda kb: _rewrite_npz(
         kb, **{"body.tfs": np.full(len(np.load(_npz(kb))["body.tfs"]), np.nan, dtype=np.float32)}
     ),

@@ -14,6 +14,7 @@ from kindex import searchindex
 from kindex.analysis import analyze, vocabulary
 from kindex.cli import main
 from kindex.globs import glob_matches, usable_glob
+from kindex.kb import clear_cache
 from kindex.records import QUESTIONS_MAX, doc_item_from
 from kindex.scan import scan
 
@@ -275,6 +276,27 @@ def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch
     assert kindex.search(indexed, "海外信用卡付款失败", min_relevance=0.0)[0].path == "billing/自动续费.md"
     kindex.reindex(indexed)
     assert analysed == ["billing/自动续费.md"]  # nothing changed since: nothing analysed again
+
+
+def test_a_cold_load_analyses_only_the_question(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The theme entries' terms are saved with the tables: analysing them at load built the full segmenter in
+    # every process that answered one question on a KB with many themes.
+    analysed: list[str] = []
+
+    def spy(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
+        analysed.append(text)
+        return analyze(text, vocab)
+
+    monkeypatch.setattr(kindex.retrieve, "analyze", spy)
+    monkeypatch.setattr(searchindex, "analyze", spy)
+    clear_cache()
+
+    ctx = kindex.build_context(indexed, "退款多久到账")
+
+    assert analysed == ["退款多久到账"] and ctx.items[0].path == "billing/退款政策.md"
+    saved = searchindex.load(indexed)
+    assert saved is not None and len(saved.theme_terms) == len(saved.themes) == 4
+    assert saved.theme_terms[[t.dir for t in saved.themes].index("billing")]["退款"] >= 1
 
 
 def test_update_reports_whether_the_tables_were_rewritten(indexed: Path) -> None:
