@@ -34,6 +34,7 @@ from kindex.errors import (
     SkillError,
     StorageError,
     TaskNotFoundError,
+    ThemeFolderError,
     UnauthorizedError,
     UsageError,
 )
@@ -200,6 +201,7 @@ __all__ = [
     "StorageError",
     "SyncResult",
     "TaskNotFoundError",
+    "ThemeFolderError",
     "ThemeItem",
     "TokenEstimate",
     "UnauthorizedError",

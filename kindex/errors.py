@@ -17,7 +17,8 @@ CLI and the server map errors from these attributes alone. The message says what
     │   ├── IndexMissingError            index_missing
     │   ├── BusyError                    busy
     │   ├── CancelledRun                 cancelled
-    │   └── InterruptedRun               interrupted         exit 130
+    │   ├── InterruptedRun               interrupted         exit 130
+    │   └── ThemeFolderError             theme_folder        (a step given a theme folder of the KB above it)
     ├── InvalidDataError                 invalid_data                HTTP 422
     │   ├── InvalidFileError             invalid_file        (an index, search table or document that breaks a rule)
     │   └── SkillError                   invalid_skill
@@ -142,6 +143,13 @@ class InterruptedRun(ConflictError):
     def __init__(self, message: str, report: RunReport) -> None:
         super().__init__(message)
         self.report = report
+
+
+class ThemeFolderError(ConflictError):
+    """A step was given a theme folder of another KB as its KB: writing there would replace that theme's index
+    with a root index of its own."""
+
+    code = "theme_folder"
 
 
 class InvalidDataError(KindexError):

@@ -52,7 +52,15 @@ from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from,
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
-from kindex.store import index_bytes, read_index, refuse_foreign, root_index_path, theme_index_path, write_index
+from kindex.store import (
+    index_bytes,
+    read_index,
+    refuse_foreign,
+    refuse_theme_folder,
+    root_index_path,
+    theme_index_path,
+    write_index,
+)
 from kindex.tokenize import estimate_tokens
 
 T = TypeVar("T")
@@ -201,6 +209,7 @@ def _run(
     opts = options or Options()
     opts.check()
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    refuse_theme_folder(s.kb)
     if subject is not None:
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
     started = time.monotonic()

@@ -24,8 +24,10 @@ from typing import Any, Literal, TypeVar, get_args
 
 from kindex import config, generate, skills
 from kindex.errors import KBNotFoundError, NotFoundError, UsageError
+from kindex.files import regular_file
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
+from kindex.records import INDEX_FILE
 from kindex.results import Context, ContextItem, ImportResult, Plan, Preview, RunReport, SkillHit, SyncResult
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
@@ -374,7 +376,14 @@ def agent_folder(kb_root: Path, agent_id: str) -> Path:
     root = kb_root.resolve()
     kb = (root / agent_id).resolve()
     if kb.parent != root or not kb.is_dir():
-        raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder")
+        # The service's root path stays out of an answer its tenants read; the hint says what to check.
+        hint = (
+            " (the service's --kb-root holds an index.json itself: it should be the folder that holds one knowledge"
+            " folder per agent, not a knowledge folder)"
+            if regular_file(root / INDEX_FILE)
+            else ""
+        )
+        raise KBNotFoundError(f"agent {agent_id!r} has no knowledge folder{hint}")
     return kb
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from kindex.errors import IndexMissingError, InvalidFileError, StorageError
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError, ThemeFolderError
 from kindex.files import read_regular, regular_file
 from kindex.records import INDEX_FILE, Index, parse_index
 
@@ -138,6 +138,25 @@ def read_index_file(path: Path) -> tuple[Index, list[str]]:
     object; each caller decides what that means for it (start afresh, report it, answer 409).
     """
     return parse_index(index_bytes(path))
+
+
+def refuse_theme_folder(kb: Path) -> None:
+    """:class:`ThemeFolderError` when the root index of the folder above ``kb`` lists ``kb`` as one of its themes:
+    ``kindex reindex KB/billing`` would otherwise write a root index over ``billing/index.json`` (its theme index)
+    and index ``billing``'s subfolders as themes of their own, which breaks the KB above it without a word."""
+    parent = kb.parent
+    if parent == kb or not regular_file(parent / INDEX_FILE):
+        return
+    try:
+        above, _ = read_index_file(parent / INDEX_FILE)
+    except (OSError, KindexError):
+        return  # not an index kindex can read: nothing of it to break
+    if any(t.dir == kb.name for t in above.themes):
+        raise ThemeFolderError(
+            f"'{kb.name}' is a theme of the knowledge folder above it ({parent.name}/{INDEX_FILE} lists it), and "
+            f"indexing it on its own would replace its theme index: index that folder (`kindex reindex "
+            f"{parent}`) or only this theme (`kindex sub {parent} {kb.name}`)"
+        )
 
 
 def read_index(path: Path) -> Index | None:

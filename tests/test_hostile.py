@@ -715,3 +715,19 @@ def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monke
     monkeypatch.setattr(os, "open", recording_open)
     assert any("is not a regular file" in p for p in kindex.validate(indexed))
     assert str(indexed / "index.json") not in opened
+
+
+def test_a_theme_folder_given_as_a_kb_is_refused_and_left_as_it_was(indexed: Path) -> None:
+    before = {p: p.read_bytes() for p in indexed.rglob("index.json")}
+    for step in (kindex.reindex, kindex.root):
+        with pytest.raises(kindex.ThemeFolderError, match=r"'billing' is a theme of the knowledge folder above"):
+            step(indexed / "billing")
+    result = CliRunner().invoke(main, ["sub", str(indexed / "billing"), "企业采购"])
+    assert result.exit_code == 1 and f"kindex sub {indexed} billing" in result.output
+
+    assert {p: p.read_bytes() for p in indexed.rglob("index.json")} == before
+    assert not (indexed / "billing" / ".kindex").exists() and kindex.validate(indexed) == []
+    # A folder the KB above does not list is a KB of its own: nothing refused.
+    (indexed / "notes").mkdir()
+    (indexed / "notes" / "a.md").write_text("# 笔记\n\n随手记。\n", encoding="utf-8")
+    assert kindex.reindex(indexed / "notes").written

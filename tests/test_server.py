@@ -549,3 +549,21 @@ def test_after_the_stop_signal_no_step_starts(app: FastAPI) -> None:
         "message": "the server is stopping: the step was not started; send it again",
     }
     assert call(app, "GET", "/healthz").json()["running_tasks"] == 0
+
+
+def test_a_knowledge_folder_given_as_the_root_neither_breaks_nor_misleads(tmp_path: Path) -> None:
+    # A newcomer's mistake: the KB itself as --kb-root. Its themes look like agents; reindexing one wrote a root
+    # index over the theme's index.json and broke the KB, and the agent the newcomer meant was "not found" only.
+    kb = tmp_path / "kb"
+    shutil.copytree(SAMPLE_KB, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    kindex.reindex(kb)
+    before = {p: p.read_bytes() for p in kb.rglob("index.json")}
+    app = create_app(kb, token=TOKEN, llm=LLMSettings())
+
+    r = call(app, "POST", "/v1/agents/billing/knowledge/reindex")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "theme_folder", r.text
+    assert "kindex sub" in r.json()["error"]["message"]
+    r = call(app, "GET", "/v1/agents/agent1/knowledge/reindex/preview")
+    assert r.status_code == 404 and "--kb-root holds an index.json" in r.json()["error"]["message"]
+    assert str(tmp_path) not in r.text
+    assert {p: p.read_bytes() for p in kb.rglob("index.json")} == before and kindex.validate(kb) == []
