@@ -49,7 +49,7 @@ from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_text, kb_folder, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
-from kindex.tokenize import estimate_tokens
+from kindex.tokenize import estimate_tokens, units
 
 DEFAULT_BUDGET_TOKENS: int = DEFAULTS["budget_tokens"]
 DEFAULT_MAX_DOCS: int = DEFAULTS["max_docs"]
@@ -138,6 +138,11 @@ _ENGLISH = "\1"
 """Prefix of the key of a row weighed against general English (``english`` in :func:`_row`)."""
 _clock = time.monotonic  # a name of this module, so a test can move time without sleeping
 _TRUNCATION_MARK = "\n\n[… truncated to fit the context budget; open {path} for the rest]"
+_SHORT_MARK = "\n\n[… truncated]"
+"""The mark where the long one would leave the document fewer than ``MIN_SERVED_TOKENS`` (a small budget, a long
+path): the header names the path already."""
+MIN_SERVED_TOKENS = 20
+_SEPARATOR = "\n\n"
 _README_NAMES = ("readme.md", "index.md")
 
 
@@ -952,7 +957,7 @@ class Retriever:
             reason = "no document matched the question: overview documents"
             hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
         ctx = _assemble(root, loaded, hits, max_docs, fallback, reason, budget_tokens, scored)
-        if not ctx.items and not fallback:  # every matching document vanished since the last reindex
+        if not ctx.items and not fallback:  # every matching document vanished or was emptied since the last reindex
             reason = "the matching documents cannot be read (run `kindex reindex`): overview documents"
             named = _fallback_hits(root, loaded, fallback_docs, [])
             retry = _assemble(root, loaded, named, max_docs, True, reason, budget_tokens, scored)
@@ -990,7 +995,7 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     out: list[_Hit] = []
     for name in names:
         name = normalize_path(name)
-        if name in seen or not servable(root, name):
+        if name in seen or not _has_text(root, name):
             continue
         idx = loaded.by_path.get(name, -1)
         entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
@@ -1003,11 +1008,20 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     except OSError:
         readme = []
     for name in readme:
-        if name not in seen and servable(root, name):
+        if name not in seen and _has_text(root, name):
             idx = loaded.by_path.get(name, -1)
             entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
             return [_Hit(idx, name, "document", entry, 0.0, "fallback")]
     return [_overview_hit()]
+
+
+def _has_text(root: Path, name: str) -> bool:
+    """Whether ``name`` can be served and says something: an overview document that is empty, or only a licence
+    comment, would hand the agent a header and nothing else."""
+    if not servable(root, name):
+        return False
+    text = document_text(root, name)
+    return bool(text and text.strip())
 
 
 def _overview_text(loaded: _Loaded) -> str:
@@ -1034,7 +1048,7 @@ def _assemble(
     parts: list[str] = []
     items: list[ContextItem] = []
     missing: list[str] = []
-    used = 0
+    left = budget * 100  # hundredths of a token (``units``: exact and additive, so the whole never exceeds it)
     for hit in hits:
         if len(items) >= max_docs:
             break
@@ -1042,26 +1056,32 @@ def _assemble(
         if text is None:
             missing.append(hit.path)
             continue
-        header = f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n"
-        room = budget - used - estimate_tokens(header)
-        if room <= 0:
-            break
-        truncated = estimate_tokens(text) > room
+        if not text.strip():
+            continue  # emptied since it was indexed, or only a comment: nothing to hand over
+        room = left - (units(_SEPARATOR) if parts else 0)
+        headers: tuple[str, ...] = (f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n",)
+        if not parts:  # a small budget (or a long path): the first document's text before its header's words
+            headers += (f"(source: {one_line(hit.path)})\n\n", "")
+        header = next((h for h in headers if room - units(h) >= MIN_SERVED_TOKENS * 100), headers[-1])
+        room -= units(header)
+        truncated = units(text) > room
         matched = scored.matched([hit.idx])[0]
         if truncated:
             mark = _TRUNCATION_MARK.format(path=one_line(hit.path))
-            fitted = fit_to_budget(text, room - estimate_tokens(mark), scored.heaviest(matched, MAX_FIT_TERMS))
+            if room - units(mark) < MIN_SERVED_TOKENS * 100:
+                mark = _SHORT_MARK
+            fitted = fit_to_budget(text, (room - units(mark)) // 100, scored.heaviest(matched, MAX_FIT_TERMS))
             if fitted is None:
-                break  # not even a line fits: the budget is spent
+                break  # not even a character fits: the budget is spent
             text = fitted + mark
         chunk = header + text
-        used += estimate_tokens(chunk) + 1
+        left = room + units(header) - units(chunk)
         if truncated:
-            used = budget  # the cut document is the last one
+            left = 0  # the cut document is the last one
         parts.append(chunk)
         items.append(hit.item(scored.shown(matched), truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(
-        text="\n\n".join(parts),
+        text=_SEPARATOR.join(parts),
         items=tuple(items),
         fallback=fallback,
         reason=reason,

@@ -750,3 +750,47 @@ def test_a_capitalised_hyphenated_word_is_prose_not_an_identifier(tmp_path: Path
     docs["t/logs.md"] = (_doc("logs.md", "日志", "日志插件"), "# 日志\n\n日志以 real-time 方式推送到收集端。")
     kb = make_kb(tmp_path, docs)
     assert kindex.build_context(kb, message).fallback
+
+
+def test_every_budget_from_the_least_serves_the_matched_document_within_it(sample_kb: Path) -> None:
+    # At the documented minimum the header and the truncation mark (which repeats the path) took the whole budget:
+    # the context came back empty, said the documents "cannot be read", and the overview failed the same way.
+    folder = sample_kb / "billing" / "企业采购" / "发票与报销的全部细节说明"
+    deep = folder / "境外电汇付款后多久可以开具增值税专用发票.md"
+    deep.parent.mkdir(parents=True)
+    deep.write_text("# 境外电汇开票\n\n" + "境外电汇到账后三个工作日内开具增值税专用发票。\n\n" * 40, encoding="utf-8")
+    kindex.reindex(sample_kb)
+    rel = deep.relative_to(sample_kb).as_posix()
+    for question, page in (("退款多久到账", "billing/退款政策.md"), ("境外电汇多久开专用发票", rel)):
+        for budget in (50, 51, 54, 60, 75, 100, 120, 160):
+            ctx = kindex.build_context(sample_kb, question, budget_tokens=budget)
+            assert not ctx.fallback and ctx.items[0].path == page, (question, budget, ctx.reason)
+            assert ctx.items[0].truncated and ctx.text.strip() and estimate_tokens(ctx.text) <= budget
+            assert "电汇" in ctx.text if page == rel else "退款" in ctx.text
+    off = kindex.build_context(sample_kb, "讲个笑话", budget_tokens=50)
+    assert off.fallback and off.items and off.text.strip() and estimate_tokens(off.text) <= 50
+
+
+def test_many_documents_never_pass_the_budget_by_their_separators(indexed: Path) -> None:
+    # Each "\n\n" between documents was charged one token; the estimate prices it at 2.2.
+    for question, budget in (("退款", 4670), ("退款", 4992), ("发票怎么开", 4334), ("发票怎么开", 5447)):
+        for shift in range(-3, 4):
+            ctx = kindex.build_context(indexed, question, budget_tokens=budget + shift, max_docs=8)
+            assert len(ctx.items) > 2 and estimate_tokens(ctx.text) <= budget + shift, (question, budget + shift)
+
+
+def test_an_empty_overview_document_is_passed_over_for_one_that_says_something(tmp_path: Path) -> None:
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    (kb / "导读.md").write_text("---\ntitle: 导读\ndescription: 本知识库介绍退款\n---\n", encoding="utf-8")
+    (kb / "00-总则与功能导航.md").write_text("<!-- Licensed under CC BY 4.0 -->\n", encoding="utf-8")
+    (kb / "README.md").write_text("# README\n\nThis KB covers refunds.\n", encoding="utf-8")
+    (kb / "t" / "refund.md").write_text("# 退款\n\n退款政策说明。\n", encoding="utf-8")
+    kindex.reindex(kb)
+
+    ctx = kindex.build_context(kb, "今天天气怎么样")
+    assert [i.path for i in ctx.items] == ["README.md"] and "covers refunds" in ctx.text
+
+    (kb / "t" / "refund.md").write_text("\n", encoding="utf-8")  # emptied after the reindex
+    ctx = kindex.build_context(kb, "退款政策")
+    assert ctx.text.strip() and all(i.path != "t/refund.md" for i in ctx.items)
