@@ -6,7 +6,7 @@ than the budget is cut at a line, then at a character, never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kindex.analysis import normalize
 from kindex.markdown import Line
@@ -97,12 +97,14 @@ def cut_to_budget(text: str, budget_tokens: int) -> str | None:
     return _cut(text, budget_tokens)
 
 
-def fit_to_budget(text: str, budget: int, terms: Sequence[str]) -> str | None:
+def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping[str, str] | None = None) -> str | None:
     """``text`` within ``budget`` tokens: its head, then the sections that match the question best.
 
     A long document is rarely about the question from its first line on: the matching sections are what the
     agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
-    ``None`` when nothing fits (a budget under one token).
+    A section matches a term when its normalised text holds the term or the word the question wrote for it
+    (``written``: term → that word, normalised): an English stem is often no part of its word (``polici`` of
+    "policy", ``retri`` of "retry"). ``None`` when nothing fits (a budget under one token).
     """
     if budget < 1:
         return None
@@ -111,13 +113,13 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str]) -> str | None:
     bounds = [0, *starts, len(lines)]
     edges = [ln.start for ln in lines] + [len(text)]
     sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
-    wanted = set(terms)
+    wanted = {t: (t, w) if (w := (written or {}).get(t)) and w != t else (t,) for t in terms}
     if len(sections) < 2 or not wanted:
         return _cut(text, budget)
     scores = []
     for i, (s, e) in enumerate(sections[1:], start=1):
         sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
-        hits = sum(1 for t in wanted if t in sample)
+        hits = sum(1 for forms in wanted.values() if any(f in sample for f in forms))
         if hits:
             scores.append((hits, i))
     if not scores:
@@ -128,6 +130,8 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str]) -> str | None:
     chosen: dict[int, str] = {0: head} if head else {}
     left = budget - (estimate_tokens(head) if head else 0)
     for _, i in scores:
+        if left <= gap:
+            break  # the budget is spent: the other sections' costs need not be worked out
         s, e = sections[i]
         piece = text[s:e].rstrip()
         cost = estimate_tokens(piece) + gap

@@ -36,6 +36,7 @@ from kindex.analysis import (
     identifier_terms,
     is_number,
     mixes_letters_and_digits,
+    normalize,
     surface_forms,
     value_terms,
 )
@@ -422,6 +423,13 @@ class _Scored:
                 pos = np.minimum(t.docs.searchsorted(docs), t.df - 1)
                 out[t.docs[pos] == docs] += t.subject
         return out
+
+    def written(self, terms: Sequence[str]) -> dict[str, str]:
+        """Each of ``terms`` whose word the question wrote otherwise (``polici``: ``policy``), that word
+        normalised as analysis normalises text: what a document's text can be searched for."""
+        if self._forms is None:
+            self._forms = surface_forms(self.message)
+        return {t: normalize(f) for t in terms if (f := self._forms.get(t)) is not None}
 
     def heaviest(self, terms: Sequence[str], k: int) -> list[str]:
         """Of ``terms`` (the question's), the ``k`` that weigh most in the question; ties in question order."""
@@ -1070,7 +1078,8 @@ def _assemble(
             mark = _TRUNCATION_MARK.format(path=one_line(hit.path))
             if room - units(mark) < MIN_SERVED_TOKENS * 100:
                 mark = _SHORT_MARK
-            fitted = fit_to_budget(text, (room - units(mark)) // 100, scored.heaviest(matched, MAX_FIT_TERMS))
+            terms = scored.heaviest(matched, MAX_FIT_TERMS)
+            fitted = fit_to_budget(text, (room - units(mark)) // 100, terms, scored.written(terms))
             if fitted is None:
                 break  # not even a character fits: the budget is spent
             text = fitted + mark

@@ -145,9 +145,9 @@ def test_a_long_document_is_cut_by_the_heaviest_words_it_holds(tmp_path: Path, m
     seen: list[list[str]] = []
     real = kindex.fitting.fit_to_budget
 
-    def spy(text: str, budget: int, terms: list[str]) -> str | None:
+    def spy(text: str, budget: int, terms: list[str], written: dict[str, str]) -> str | None:
         seen.append(list(terms))
-        return real(text, budget, terms)
+        return real(text, budget, terms, written)
 
     monkeypatch.setattr(kindex.retrieve, "fit_to_budget", spy)
     ctx = kindex.build_context(kb, "组件手册 " + " ".join(words) + " unknownword", budget_tokens=2000)
@@ -794,3 +794,22 @@ def test_an_empty_overview_document_is_passed_over_for_one_that_says_something(t
     (kb / "t" / "refund.md").write_text("\n", encoding="utf-8")  # emptied after the reindex
     ctx = kindex.build_context(kb, "退款政策")
     assert ctx.text.strip() and all(i.path != "t/refund.md" for i in ctx.items)
+
+
+def test_a_long_english_page_hands_over_the_section_its_words_match_not_only_its_stems(tmp_path: Path) -> None:
+    # Sections were matched by the question's stems as substrings: "polici" and "retri" are in no "Retry policy".
+    filler = "".join(
+        f"## Topic {i}\n\n" + "Unrelated filler about routing and upstreams. " * 30 + "\n\n" for i in range(6)
+    )
+    body = (
+        "# Gateway guide\n\nThis guide covers the gateway.\n\n"
+        + filler
+        + "## Retry policy\n\nThe retry policy sets how often a failed request is sent again.\n\n"
+        + filler.replace("Topic", "More")
+    )
+    kb = make_kb(tmp_path, {"t/gateway.md": (_doc("gateway.md", "Gateway guide", "the gateway"), body)})
+    ctx = kindex.build_context(kb, "retry policy", budget_tokens=400, max_docs=1)
+    assert ctx.items[0].truncated and "## Retry policy\n\nThe retry policy sets" in ctx.text
+    assert "## Retry policy" in (
+        fit_to_budget(body, 300, ["retri", "polici"], {"retri": "retry", "polici": "policy"}) or ""
+    )
