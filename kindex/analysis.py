@@ -47,7 +47,7 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 8
+ANALYZER_VERSION = 9
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -102,9 +102,22 @@ _stemmer = Stemmer.Stemmer("english")
 _stem_cache: dict[str, str] = {}
 
 
+# Characters no reader sees: soft hyphens, zero-width spaces and joiners, direction marks, word joiners, BOMs; and
+# the marks that a letter of A-Z cannot take as an accent of its own after NFKC (a strike-through ``C̶O̶R̶S̶``). Left
+# in, they cut a word into letters: ``C\u200bO\u200bR\u200bS`` was four one-letter terms. One regex pass without
+# backtracking: a character class, or a run of marks after one ASCII letter.
+_UNSEEN = re.compile(r"[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]|(?<=[A-Za-z])[\u0300-\u036f]+")
+
+
+def _nfkc(text: str) -> str:
+    """NFKC without the characters no reader sees (see ``_UNSEEN``): what every analysis starts from."""
+    return _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
+
+
 def normalize(text: str) -> str:
-    """NFKC plus case folding: full-width letters, compatibility forms and case all compare equal."""
-    return unicodedata.normalize("NFKC", text).casefold()
+    """NFKC plus case folding: full-width letters, compatibility forms and case all compare equal; characters no
+    reader sees (zero-width spaces, soft hyphens, a strike-through's marks) are dropped."""
+    return _nfkc(text).casefold()
 
 
 def has_han(text: str) -> bool:
@@ -414,7 +427,7 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     ``vocab`` is the KB's own vocabulary (see :func:`vocabulary`): multi-word terms that are emitted whole too.
     """
     out: list[str] = []
-    for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
+    for m in _TOKEN.finditer(_nfkc(text)):
         han = m.group("han")
         if han is not None:
             out.extend(_han_terms(han.casefold(), vocab))
@@ -430,10 +443,10 @@ def surface_forms(text: str) -> dict[str, str]:
     ``BackgroundTasks``, ``cors``: ``ＣＯＲＳ`` if that is how it was typed): what a person reads in "matched", where
     the stems mean nothing. The first word wins."""
     forms: dict[str, str] = {}
-    for m in _TOKEN.finditer(text):  # the words as typed; each normalised as analysis normalises the whole
+    for m in _TOKEN.finditer(_UNSEEN.sub("", text)):  # the words as typed; each normalised as analysis does
         word = m.group("word")
         if word is not None and len(word) <= MAX_WORD:
-            for normal in _TOKEN.finditer(unicodedata.normalize("NFKC", word)):
+            for normal in _TOKEN.finditer(_nfkc(word)):
                 folded = normal.group("word")
                 if folded is not None:
                     for term in _word_terms(folded):
@@ -463,7 +476,7 @@ def value_terms(text: str) -> frozenset[str]:
     """
     values: list[str] = []
     rest: list[str] = []
-    for token in unicodedata.normalize("NFKC", text).split():
+    for token in _nfkc(text).split():
         for piece in _HAN_RUN.split(token) if _HAN_CHAR.search(token) else (token,):
             if "://" in piece or "@" in piece:
                 values.append(piece)
@@ -499,7 +512,7 @@ def identifier_terms(text: str) -> dict[str, tuple[str, ...]]:
     tokenizer's own regex.
     """
     out: dict[str, tuple[str, ...]] = {}
-    for m in _TOKEN.finditer(unicodedata.normalize("NFKC", text)):
+    for m in _TOKEN.finditer(_nfkc(text)):
         word = m.group("word")
         if word and len(word) <= MAX_WORD and _is_identifier(word := _fold_accents(word)):
             terms = list(_word_terms(word))

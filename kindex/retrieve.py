@@ -520,7 +520,14 @@ def _bounded(message: str) -> str:
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
     half = MAX_MESSAGE_CHARS // 2
-    return message[:half] + "\n" + message[-half:]
+    # Each half ends at white space where it has some: a word cut in two would give made-up terms ("src/App.tsx"
+    # cut to "s" and "tsx").
+    head, tail = message[:half], message[-half:]
+    if head[-1].strip() and message[half].strip() and len(cut := head.rsplit(None, 1)) == 2:
+        head = cut[0]
+    if tail[0].strip() and message[-half - 1].strip() and len(cut := tail.split(None, 1)) == 2:
+        tail = cut[1]
+    return head + "\n" + tail
 
 
 def _query_terms(message: str, loaded: _Loaded) -> list[str]:
@@ -667,16 +674,22 @@ def _score(
         elif english and term.isalpha():
             row = _english_row(loaded, term, row)
         df = len(row.docs)
+        # A single letter says nothing of what is asked: "s" of a word cut apart, the "C" of "C 语言" (its other
+        # words do): it may rank, never make a question on topic, nor name a subject.
+        letter = len(term) == 1 and not has_han(term)
         if df:
             # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
             qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else PART_WEIGHT if term in weak else 1.0
             # ``add.at`` takes the int32 rows as they are (an index expression would convert them first); each
             # document is once in a row, so it adds exactly what ``adds[docs] += ...`` would.
-            np.add.at(adds, row.docs, row.adds if qw == 1.0 else qw * row.adds.real + 1j * row.adds.imag)
+            if letter:
+                np.add.at(adds, row.docs, row.adds.real)  # its gain only: it covers nothing
+            else:
+                np.add.at(adds, row.docs, row.adds if qw == 1.0 else qw * row.adds.real + 1j * row.adds.imag)
         value = not df and term in values
-        weight = 0.0 if value else row.weight
+        weight = 0.0 if value or letter else row.weight
         total += weight
-        per_term.append(_Term(term, weight, row.docs, row.subject, value))
+        per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)

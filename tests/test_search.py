@@ -36,6 +36,10 @@ def indexed(sample_kb: Path) -> Path:
         ("Ｃｏｏｋｉｅｓ", ["cooki"]),  # full-width, case-folded, stemmed
         ("v1.2.3", ["v1.2.3"]),  # version numbers stay whole, their digits are no terms
         ("中华人民共和国", ["中华人民共和国", "中华", "华人", "人民", "共和", "共和国"]),
+        # Characters no reader sees cut a word into letters: zero-width spaces, a soft hyphen, strike-through marks
+        ("C\u200bO\u200bR\u200bS", ["cor"]),
+        ("CO\u00adRS 退\u200b款", ["cor", "退款"]),
+        ("C\u0336O\u0336R\u0336S\u0336", ["cor"]),
     ],
 )
 def test_analysis_gives_words_not_fragments(text: str, terms: list[str]) -> None:
@@ -368,3 +372,22 @@ def test_matched_words_are_shown_as_the_question_wrote_them(indexed: Path) -> No
     assert ctx.items[0].matched == ("Webhooks", "校验", "签名")
     # Typed in full-width letters, shown so: nothing appears in "matched" that the question does not hold.
     assert kindex.search(indexed, "Ｗｅｂｈｏｏｋｓ signature", limit=1)[0].matched == ("signature", "Ｗｅｂｈｏｏｋｓ")
+
+
+@pytest.mark.parametrize("message", ["s", "x", "C", "R", "s x e", "C\u200bO\u200bR\u200bS"])
+def test_single_letters_never_make_a_question_on_topic(indexed: Path, message: str) -> None:
+    assert kindex.search(indexed, message) == []  # "s" alone found a page
+    assert kindex.build_context(indexed, message).fallback
+
+
+def test_a_long_message_is_cut_between_words() -> None:
+    # A 36,000-character paste cut mid-word made up the terms "s" and "tsx" out of "src/App.tsx".
+    message = "hi " + "src/App.tsx " * 3000
+    bounded = kindex.retrieve._bounded(message)
+    assert len(bounded) <= kindex.retrieve.MAX_MESSAGE_CHARS + 1 and set(bounded.split()) == {"hi", "src/App.tsx"}
+    han = "退款" * 20_000  # no white space to cut at: cut where it falls
+    assert kindex.retrieve._bounded(han) == han[:10_000] + "\n" + han[-10_000:]
+
+
+def test_a_letter_still_ranks_beside_the_words_that_make_a_question(indexed: Path) -> None:
+    assert kindex.search(indexed, "Webhook 签名 s")[0].path == "developer/Webhook回调.md"
