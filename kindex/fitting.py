@@ -83,8 +83,10 @@ def _cut(text: str, budget: int) -> str | None:
     # own, and a single newline would merge it into the paragraph or heading before it.
     sep = ("\n\n" if lines[k - 1].blank else "\n") if kept and k else ""
     room = budget - cum[choice] - estimate_tokens(closing) - max(len(sep), 1)
-    if choice == k and k < len(lines) and room * 2 > budget and lines[k].fence is None:
-        kept = kept + sep + _char_cut(lines[k].text, room)
+    # Into a line of code only when the block is closed after it: a one-line block (minified JSON) larger than the
+    # budget hands over its start, not an empty block.
+    if choice == k and k < len(lines) and room * 2 > budget and (lines[k].fence is None or closing):
+        kept = kept + sep + _char_cut(lines[k].text.rstrip("\r\n"), room)
     return (kept + closing).strip("\n") or None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_])<[A-Za-z][^<>\n]*>")
 """An inline HTML or MDX tag (``<a name="x">``, ``</abbr>``, ``<TabItem value="y">``). An opening tag right after a
@@ -24,7 +24,8 @@ class Line:
     start: int
     text: str
     fence: str | None
-    """The opening fence of the code block this line belongs to (its delimiters included), else ``None``."""
+    """The opening fence of the code block this line belongs to (its delimiters included, after the block quote
+    markers and the list item's indent it stands in: ``> ````, ``   ````), else ``None``."""
     heading: str | None
     """The title of an ATX heading outside code blocks, else ``None``."""
     open_after: bool = False
@@ -126,26 +127,85 @@ def physical_lines(text: str) -> list[str]:
     return out
 
 
+_LIST_MARKER = re.compile(r"(?:[-*+]|[0-9]{1,9}[.)])( +|$)")
+"""A list item's marker and the spaces after it (bounded and possessive in effect: one pass, no backtracking)."""
+
+
+def _quoted(line: str) -> tuple[int, str]:
+    """How many block quote markers (``>``, each after at most three spaces) open ``line``, and what follows them.
+    Each marker consumed moves on by at least one character: linear."""
+    depth = pos = 0
+    while True:
+        i = pos
+        while i < len(line) and i - pos < 4 and line[i] == " ":
+            i += 1
+        if i - pos > 3 or i >= len(line) or line[i] != ">":
+            return depth, line[pos:]
+        depth += 1
+        pos = i + 1 + (i + 1 < len(line) and line[i + 1] == " ")
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip(" "))
+
+
 def lines(text: str) -> list[Line]:
-    """Every line of ``text`` with its code-block membership and heading title."""
+    """Every line of ``text`` with its code-block membership and heading title.
+
+    Fences count inside block quotes (``> ````) and list items (``- ````, or indented under an item's text) as
+    CommonMark reads them, approximately: list items are followed by their content's indent alone, and a block in a
+    container ends with a closing fence or with the container (a line with fewer quote markers, or one indented
+    less than the item's text).
+    """
     out: list[Line] = []
     opening: str | None = None
+    depth = base = 0  # the open block's quote depth and its list indent (in the text after the quote markers)
+    items: list[int] = []  # the text columns of the list items open at the current quote depth
+    items_depth = 0
     pos = 0
     for raw in physical_lines(text):
-        if opening is None:
-            fence = fence_opening(raw)
-            if fence is not None:
-                out.append(Line(pos, raw, fence, None, True))
-                opening = fence
-            else:
-                out.append(Line(pos, raw, None, heading_title(raw)))
-        else:
-            closing = closes(raw, opening)
-            out.append(Line(pos, raw, opening, None, not closing))
+        body = raw.rstrip("\r\n")
+        quotes, rest = _quoted(body)
+        if opening is not None and (quotes < depth or (rest.strip() and _indent(rest) < base)):
+            opening = None  # its container ended: so did the block, after the line before
+            out[-1] = replace(out[-1], open_after=False)
+        if opening is not None:
+            inner = rest[base:] if _indent(rest) >= base else rest
+            closing = closes(inner, opening)
+            out.append(Line(pos, raw, _prefix(depth, base) + opening, None, not closing))
             if closing:
                 opening = None
+            pos += len(raw)
+            continue
+        fence = None
+        if rest.strip():
+            if quotes != items_depth:
+                items, items_depth = [], quotes
+            ind = _indent(rest)
+            while items and ind < items[-1]:
+                items.pop()
+            col = items[-1] if items else 0
+            marker = _LIST_MARKER.match(rest, ind) if ind - col <= 3 else None
+            if marker is not None:
+                spaces = len(marker.group(1))
+                col = marker.end() - (spaces - 1 if spaces > 4 else 0)  # five spaces or more: code after one
+                items.append(col)
+                fence = fence_opening(rest[col:])
+            else:
+                fence = fence_opening(rest[col:] if ind >= col else rest)
+            if fence is not None:
+                opening, depth, base = fence, quotes, col
+        if fence is not None:
+            out.append(Line(pos, raw, _prefix(depth, base) + fence, None, True))
+        else:
+            out.append(Line(pos, raw, None, heading_title(raw)))
         pos += len(raw)
     return out
+
+
+def _prefix(depth: int, base: int) -> str:
+    """What a line of a block at quote ``depth`` and list indent ``base`` starts with: a closing fence's prefix."""
+    return "> " * depth + " " * base
 
 
 # The start and end of a CommonMark HTML block of type 1 that holds no prose: a line indented three spaces at most
