@@ -17,6 +17,19 @@ OMITTED_MARK = "\n\n[…]\n\n"
 
 SECTION_SCAN_CHARS = 20_000
 """Characters of each section looked at to tell whether it matches the question: bounded work per request."""
+MAX_FIT_CHARS = 1_000_000
+"""Characters of a document the fitting reads, at most (to the last line break within them): 250,000 tokens or
+more, past the largest budget, and a bound on the work of one request; a 5 MB page of 640,000 headings took
+3.4 s a call to parse whole."""
+
+
+def _head(text: str) -> str:
+    """``text`` within ``MAX_FIT_CHARS``, ending at a line break where it has one."""
+    if len(text) <= MAX_FIT_CHARS:
+        return text
+    head = text[:MAX_FIT_CHARS]
+    end = head.rfind("\n")
+    return head[: end + 1] if end > 0 else head
 
 
 def _costs(lines: Sequence[Line]) -> list[int]:
@@ -54,6 +67,7 @@ def _cut(text: str, budget: int) -> str | None:
         return text
     if budget < 1:
         return None
+    text = _head(text)
     lines = markdown_lines(text)
     cum = _costs(lines)
     k = 0  # the most lines that fit
@@ -110,6 +124,7 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     """
     if budget < 1:
         return None
+    text = _head(text)
     lines = markdown_lines(text)
     starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
     bounds = [0, *starts, len(lines)]

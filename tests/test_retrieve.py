@@ -17,6 +17,7 @@ import kindex.analysis
 import kindex.fitting
 import kindex.globs
 import kindex.kb
+import kindex.markdown
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
 from kindex.cli import main
@@ -860,3 +861,19 @@ def test_a_one_line_code_block_larger_than_the_budget_hands_over_its_start() -> 
     cut = cut_to_budget(text, 300)
     assert cut is not None and cut.startswith('```json\n{"key": 1,') and cut.endswith("\n```")
     assert 250 <= estimate_tokens(cut) <= 300 and _fences_closed(cut)
+
+
+def test_the_fitting_reads_a_bounded_start_of_a_huge_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 5 MB page of 640,000 headings cost 3.4 s a call: every call parsed all of it.
+    parsed: list[int] = []
+    real = kindex.fitting.markdown_lines
+
+    def spy(text: str) -> list[kindex.markdown.Line]:
+        parsed.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(kindex.fitting, "markdown_lines", spy)
+    page = "# kiwi guide\n\n" + "## kiwi\n" * 640_000
+    for fit in (fit_to_budget(page, 6000, ["kiwi"]), cut_to_budget(page, 6000)):
+        assert fit is not None and fit.startswith("# kiwi guide") and estimate_tokens(fit) <= 6000
+    assert parsed and max(parsed) <= kindex.fitting.MAX_FIT_CHARS
