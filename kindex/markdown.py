@@ -104,9 +104,8 @@ def heading_title(line: str) -> str | None:
     # Nor do inline tags or link targets: Microsoft's docs open nearly every heading with an anchor, <a name="slug">
     # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays
     # as written: it is still a heading.
-    if "<" not in title and "](" not in title:  # most headings: nothing to take out
-        return title or None
-    readable = " ".join(without_link_targets(INLINE_TAG.sub("", title)).split())
+    plain = title if "<" not in title and "](" not in title else without_link_targets(INLINE_TAG.sub("", title))
+    readable = " ".join(plain.split())
     return readable or title or None
 
 

@@ -866,7 +866,7 @@ def test_a_one_line_code_block_larger_than_the_budget_hands_over_its_start() -> 
 def test_the_fitting_reads_a_bounded_start_of_a_huge_document(monkeypatch: pytest.MonkeyPatch) -> None:
     # A 5 MB page of 640,000 headings cost 3.4 s a call: every call parsed all of it.
     parsed: list[int] = []
-    real = kindex.fitting.markdown_lines
+    real = kindex.markdown.lines
 
     def spy(text: str) -> list[kindex.markdown.Line]:
         parsed.append(len(text))
