@@ -6,7 +6,7 @@ than the budget is cut at a line, then at a character, never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from kindex.analysis import normalize
 from kindex.markdown import Line
@@ -118,6 +118,8 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
 
     A long document is rarely about the question from its first line on: the matching sections are what the
     agent needs, the head says what the document is. Sections keep their document order; gaps are marked.
+    ``terms`` are the question's, heaviest first: a section too long to hand over whole gives its start, or, when
+    that start misses the heaviest term it holds, its heading and the part from that term's first line on.
     A section matches a term when its normalised text holds the term or the word the question wrote for it
     (``written``: term → that word, normalised): an English stem is often no part of its word (``polici`` of
     "policy", ``retri`` of "retry"). ``None`` when nothing fits (a budget under one token).
@@ -155,8 +157,8 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
         if cost <= left:
             chosen[i] = piece
             left -= cost
-        elif len(chosen) <= 1:  # the best section does not fit whole: hand over its start
-            part = _cut(piece, left - gap)
+        elif len(chosen) <= 1:  # the best section does not fit whole: its start, or its heading and its match
+            part = _matching_part(piece, left - gap, wanted.values())
             if part:
                 chosen[i] = part
             break
@@ -167,6 +169,26 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
             out += "\n\n" if whole_before else OMITTED_MARK
         out += chosen[i]
     return out or None
+
+
+def _matching_part(piece: str, budget: int, wanted: Iterable[tuple[str, ...]]) -> str | None:
+    """The start of section ``piece`` within ``budget``, unless that start misses the heaviest of the question's
+    terms the section holds (``wanted``: heaviest first): then its heading, the gap mark and the section from
+    the first line holding that term on (the fourth bullet of a list that answers, not the three before it)."""
+    part = _cut(piece, budget)
+    first, _, rest = piece.partition("\n")
+    rest = rest[:SECTION_SCAN_CHARS]
+    folded = normalize(rest)
+    key = next((fs for fs in wanted if any(f in folded for f in fs)), None)
+    if part is None or key is None or any(f in normalize(part[len(first) :]) for f in key):
+        return part
+    at = len(first) + 1
+    for line in rest.splitlines(keepends=True):
+        if any(f in normalize(line) for f in key):
+            tail = _cut(piece[at:], budget - estimate_tokens(first + OMITTED_MARK))
+            return first + OMITTED_MARK + tail if tail else part
+        at += len(line)
+    return part
 
 
 def one_line(value: str) -> str:

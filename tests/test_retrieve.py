@@ -877,3 +877,11 @@ def test_the_fitting_reads_a_bounded_start_of_a_huge_document(monkeypatch: pytes
     for fit in (fit_to_budget(page, 6000, ["kiwi"]), cut_to_budget(page, 6000)):
         assert fit is not None and fit.startswith("# kiwi guide") and estimate_tokens(fit) <= 6000
     assert parsed and max(parsed) <= kindex.fitting.MAX_FIT_CHARS
+
+
+def test_a_section_cut_to_fit_keeps_the_line_that_answers(indexed: Path) -> None:
+    # A newcomer's run: the section that answers was cut after its third bullet; the App Store line is the fourth.
+    ctx = kindex.build_context(indexed, "苹果商店里买的会员怎么退", budget_tokens=300)
+    assert ctx.items[0].path == "billing/退款政策.md" and ctx.items[0].truncated
+    assert "## 二、什么情况不能退款\n\n[…]\n\n- 通过第三方渠道" in ctx.text and "苹果 App Store" in ctx.text
+    assert estimate_tokens(ctx.text) <= 300
