@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from tests.fakellm import FakeLLM
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_KB = REPO / "sample_kb"
-CORPORA = REPO.parent / "shared" / "corpora"
+CORPORA = Path(os.environ.get("KINDEX_CORPORA") or REPO.parent / "shared" / "corpora")
 
 
 @pytest.fixture
