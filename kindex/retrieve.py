@@ -227,6 +227,9 @@ class _Loaded:
     theme_of: npt.NDArray[np.intp]
     conditional: npt.NDArray[np.bool_]
     unconditional: npt.NDArray[np.bool_]
+    globs: dict[int, tuple[str, ...]]
+    """Per conditional document: its entry's ``paths`` and its theme entry's (SPEC §6.4: any theme or document
+    entry may carry them; a theme's apply to every document of it)."""
     path_rank: npt.NDArray[np.int64]
     by_path: dict[str, int]
     theme_terms: Sequence[Mapping[str, int]]
@@ -284,7 +287,14 @@ def _load(kb: Path) -> _Loaded:
     theme_lengths = [sum(c.values()) for c in theme_terms]
     avg = (sum(theme_lengths) / len(theme_terms) if theme_terms else 0.0) or 1.0
     paths = [d.path for d in index.docs]
-    conditional = np.array([bool(d.entry.get("paths")) for d in index.docs], dtype=np.bool_)
+    theme_globs = {t.dir: t.item.paths for t in index.themes if t.item.paths}
+    globs = {
+        i: g
+        for i, d in enumerate(index.docs)
+        if (g := tuple(dict.fromkeys((*d.globs, *(theme_globs.get(d.theme, ()) if d.theme else ())))))
+    }
+    conditional = np.zeros(n, dtype=np.bool_)
+    conditional[list(globs)] = True
     themes_watched = tuple(str(kb / t.dir / INDEX_FILE) for t in index.themes)
     # What the tables were built from (root first, then the themes in order), not a stat taken now: a theme index
     # replaced since it was read must look changed.
@@ -310,6 +320,7 @@ def _load(kb: Path) -> _Loaded:
         theme_of=np.array([theme_at.get(d.theme, -1) if d.theme else -1 for d in index.docs], dtype=np.intp),
         conditional=conditional,
         unconditional=~conditional,
+        globs=globs,
         path_rank=np.argsort(np.argsort(np.array(paths, dtype=object))).astype(np.int64),
         by_path={p: i for i, p in enumerate(paths)},
         theme_terms=theme_terms,
@@ -802,9 +813,9 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
     """Rules for the files in scope first, then the documents the question is about (none when off topic)."""
     hits: list[_Hit] = []
     if scope:
-        for idx in np.nonzero(loaded.conditional)[0].tolist():
+        for idx, globs in loaded.globs.items():
             doc = loaded.index.docs[idx]
-            glob = any_match(doc.globs, scope, loaded.matchers)
+            glob = any_match(globs, scope, loaded.matchers)
             if glob is not None:
                 hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]

@@ -885,3 +885,20 @@ def test_a_section_cut_to_fit_keeps_the_line_that_answers(indexed: Path) -> None
     assert ctx.items[0].path == "billing/退款政策.md" and ctx.items[0].truncated
     assert "## 二、什么情况不能退款\n\n[…]\n\n- 通过第三方渠道" in ctx.text and "苹果 App Store" in ctx.text
     assert estimate_tokens(ctx.text) <= 300
+
+
+def test_a_theme_entrys_paths_make_its_documents_conditional(indexed: Path) -> None:
+    # SPEC §6.4: any theme or document entry may carry paths. A theme's were validated, then ignored.
+    root = indexed / "index.json"
+    index = orjson.loads(root.read_bytes())
+    theme = next(t for t in index["themes"] if t["dir"] == "developer")
+    theme["paths"] = ["server/**/*.go"]
+    root.write_bytes(orjson.dumps(index, option=orjson.OPT_INDENT_2))
+    assert kindex.validate(indexed) == []
+    question = "X-Nonce 怎么生成"
+
+    without = kindex.build_context(indexed, question)
+    assert all(not i.path.startswith("developer/") for i in without.items)
+    with_path = kindex.build_context(indexed, question, paths=["server/api/sign.go"])
+    developer = [i for i in with_path.items if i.path.startswith("developer/")]
+    assert developer and developer[0].reason == "scope glob server/**/*.go"
