@@ -61,7 +61,7 @@ def test_an_offline_run_says_how_many_documents_it_read_again(sample_kb: Path) -
     assert edited.written == () and edited.documents_read == 1
     assert again.documents_read == 0
     code = CliRunner().invoke(main, ["reindex", str(sample_kb)])
-    assert ", no tokens, 0 documents read, " in code.stdout
+    assert ", no tokens, 0 documents re-analysed for search, " in code.stdout
 
 
 def test_a_deleted_document_and_theme_leave_no_entry(

@@ -123,7 +123,7 @@ def _emit(report: RunReport, as_json: bool) -> None:
         click.echo(
             f"{report.step}: {report.completed}/{report.total} steps, {u.calls} model calls, "
             f"{report.cache_hits} cached, {u.retries} retries, {len(report.failures)} failed, {tokens}, "
-            f"{report.documents_read} document{'' if report.documents_read == 1 else 's'} read, "
+            f"{report.documents_read} document{'' if report.documents_read == 1 else 's'} re-analysed for search, "
             f"{report.wall_seconds:.1f} s"
         )
         if report.written:
