@@ -6,6 +6,7 @@ than the budget is cut at a line, then at a character, never dropped.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
 from kindex.analysis import normalize
@@ -50,9 +51,36 @@ def _char_cut(line: str, budget: int) -> str:
     while low < high:  # the longest start within the budget: the estimate grows with the length
         mid = (low + high + 1) // 2
         low, high = (mid, high) if estimate_tokens(line[:mid]) <= budget else (low, mid - 1)
+    low = _grapheme_start(line, low)
     part = line[:low]
     end = max(part.rfind(mark) for mark in "。！？.!?;；")
     return part[: end + 1] if end >= len(part) // 2 else part
+
+
+_JOINERS = "\u200d\ufe0e\ufe0f"  # a zero-width joiner, the text and emoji variation selectors
+
+
+def _regional(ch: str) -> bool:
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def _grapheme_start(line: str, at: int) -> int:
+    """``at`` moved back to the start of the character a reader sees there, so a cut never leaves an accent
+    without its letter, half a flag, an emoji joined to nothing or half a conjunct. Steps back over marks,
+    joiners and what they join only."""
+    while 0 < at < len(line) and (
+        unicodedata.combining(line[at])
+        or line[at] in _JOINERS
+        or line[at - 1] == "\u200d"
+        or unicodedata.combining(line[at - 1]) == 9  # after a virama: the consonant it joins (क्ष)
+    ):
+        at -= 1
+    if 0 < at < len(line) and _regional(line[at]) and _regional(line[at - 1]):
+        run = 0
+        while run < at and _regional(line[at - 1 - run]):
+            run += 1
+        at -= run % 2  # flags are pairs: an odd run before the cut ends with half of one
+    return at
 
 
 def _cut(text: str, budget: int) -> str | None:

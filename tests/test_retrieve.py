@@ -902,3 +902,23 @@ def test_a_theme_entrys_paths_make_its_documents_conditional(indexed: Path) -> N
     with_path = kindex.build_context(indexed, question, paths=["server/api/sign.go"])
     developer = [i for i in with_path.items if i.path.startswith("developer/")]
     assert developer and developer[0].reason == "scope glob server/**/*.go"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["a" * 10 + "👨\u200d👩\u200d👧" * 60, "e\u0301" * 300, "🇨🇳" * 150, "क्ष" * 200, "x" + "🇨🇳" * 150],
+    ids=["family", "accent", "flags", "conjunct", "odd flags"],
+)
+def test_a_cut_into_a_line_never_splits_what_a_reader_sees_as_one_character(line: str) -> None:
+    import unicodedata
+
+    for budget in range(3, 120, 4):
+        cut = cut_to_budget(line, budget)
+        if not cut:
+            continue
+        after = line[len(cut)]
+        assert line.startswith(cut) and estimate_tokens(cut) <= budget
+        assert not unicodedata.combining(after) and after not in "\u200d\ufe0f" and cut[-1] != "\u200d", budget
+        assert unicodedata.combining(cut[-1]) != 9, budget  # a virama joins the consonant after it
+        flags = len(cut) - len(cut.rstrip("".join(chr(c) for c in range(0x1F1E6, 0x1F200))))
+        assert flags % 2 == 0, budget
