@@ -486,12 +486,19 @@ def informative(term: str, idf: float, df: int, kb_rate: float, named_rate: floa
     :func:`specificity`: 名字, 天气, 新闻 in a gateway manual: not subjects; 限流, 上游, 路由: subjects), or its
     titles and tags do (``named_rate``: 时区 in a database manual is an everyday word and a chapter).
     A Latin-script word the KB never uses names something else (git, MySQL, Django) and weighs ``NAME_WEIGHT``
-    times its rarity; one the KB uses weighs its rarity.
+    times its rarity; one the KB uses weighs its rarity. A word of another script the KB never uses (Korean,
+    Arabic, Cyrillic: ``CORS 설정 방법``) is phrasing in the asker's language, as an unseen Chinese word is.
     """
     weight = idf * _specific(term, df, kb_rate, named_rate)
     if not has_han(term):
-        return weight if df else NAME_WEIGHT * weight
+        return weight if df else (NAME_WEIGHT if _latin(term) else UNSEEN_HAN_WEIGHT) * weight
     return SINGLE_HAN_WEIGHT * weight if len(term) == 1 and df else weight
+
+
+def _latin(term: str) -> bool:
+    """Whether ``term`` is written in Latin letters (and digits): accents are taken off in analysis, so nearly
+    always ASCII; ``ß`` or ``ø`` stay."""
+    return term.isascii() or all(c.isascii() or "\u00c0" <= c <= "\u024f" for c in term)
 
 
 def subject(term: str, df: int, kb_rate: float, named_rate: float = 0.0) -> float:

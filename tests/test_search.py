@@ -391,3 +391,15 @@ def test_a_long_message_is_cut_between_words() -> None:
 
 def test_a_letter_still_ranks_beside_the_words_that_make_a_question(indexed: Path) -> None:
     assert kindex.search(indexed, "Webhook 签名 s")[0].path == "developer/Webhook回调.md"
+
+
+@pytest.mark.parametrize("message", ["Webhook 설정 방법", "Как настроить Webhook", "Webhook 설정 방법 مرحبا"])
+def test_words_of_another_script_are_phrasing_not_another_products_names(indexed: Path, message: str) -> None:
+    # Unseen Korean, Russian or Arabic words weighed twice their rarity, as an unknown product name does, and
+    # pushed a question about Webhooks off topic.
+    assert kindex.search(indexed, message)[0].path == "developer/Webhook回调.md"
+
+
+@pytest.mark.parametrize("message", ["안녕하세요 오늘 날씨 어때요", "привет как дела", "Как установить MySQL"])
+def test_small_talk_and_other_products_in_another_script_still_fall_back(indexed: Path, message: str) -> None:
+    assert kindex.search(indexed, message) == []
