@@ -3,18 +3,19 @@ carries (:mod:`kindex.errors`), core messages rewritten for an HTTP client, and 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from kindex.errors import (
     BusyError,
@@ -27,6 +28,7 @@ from kindex.errors import (
     UsageError,
 )
 from kindex.kb import AGENT_ID
+from kindex.server import schemas
 from kindex.server.logs import log_access
 
 MAX_BODY_BYTES = 256 * 1024
@@ -59,6 +61,43 @@ def error_response(err: KindexError, message: str | None = None) -> JSONResponse
     """The response for ``err`` (reworded as ``message`` if given), with the HTTP status its class carries."""
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, UnauthorizedError) else None
     return JSONResponse({"error": error_fields(err, message)}, status_code=err.http_status, headers=headers)
+
+
+_BODY_FIELDS = sorted(
+    {
+        name
+        for model in vars(schemas).values()
+        if isinstance(model, type) and issubclass(model, BaseModel) and model.model_config.get("extra") == "forbid"
+        for name in model.model_fields
+    }
+)
+"""Every field a request body may hold, for the "did you mean" of a field no body takes."""
+
+
+def _did_you_mean(error: Mapping[str, Any]) -> str:
+    """`` (did you mean 'budget_tokens'?)`` for a body field no route takes that is close to one some route does."""
+    loc = error.get("loc", ())
+    if error.get("type") != "extra_forbidden" or len(loc) != 2 or loc[0] != "body":
+        return ""
+    close = difflib.get_close_matches(str(loc[1])[:100], _BODY_FIELDS, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _documented_methods(request: Request) -> list[str]:
+    """The methods the OpenAPI document gives the path of ``request``: of the path templates it matches, the one
+    with the most fixed characters (``/skills/find`` before ``/skills/{name}``)."""
+    best: tuple[int, list[str]] = (-1, [])
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "".join(re.escape(part) if i % 2 == 0 else "[^/]+" for i, part in enumerate(_PARAM.split(template)))
+        if re.fullmatch(pattern, request.url.path):
+            fixed = len(_PARAM.sub("", template))
+            if fixed > best[0]:
+                best = (fixed, [m for m in _METHODS if m.lower() in operations])
+    return best[1]
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+_PARAM = re.compile(r"\{([^{}/]*)\}")
 
 
 def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
@@ -102,7 +141,7 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
         said = []
         for error in exc.errors()[:3]:
             where = ".".join(str(x) for x in error.get("loc", ()))[:200]  # a made-up field may be any length
-            said.append(f"{where}: {error.get('msg', 'invalid')}")
+            said.append(f"{where}: {error.get('msg', 'invalid')}{_did_you_mean(error)}")
         more = f" (and {len(exc.errors()) - 3} more)" if len(exc.errors()) > 3 else ""
         return error_response(UsageError("; ".join(said) + more))
 
@@ -113,20 +152,18 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
             if refused is not None:
                 return refused
         err: KindexError
+        headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 404:
             err = RouteNotFoundError(str(exc.detail))
         elif exc.status_code == 405:
-            err = MethodNotAllowedError(str(exc.detail))
+            # A path can take several methods (GET, PUT, DELETE): those the API documents for it (a route with a
+            # path parameter may match it too, skills/{name} for skills/find, and is another resource).
+            methods = _documented_methods(request)
+            headers["Allow"] = ", ".join(methods)
+            shown = " or ".join(m for m in methods if m != "HEAD")
+            err = MethodNotAllowedError(f"{request.method} is not allowed here: use {shown}")
         else:
             err = UsageError(str(exc.detail))
-        headers = dict(getattr(exc, "headers", None) or {})
-        if exc.status_code == 405:
-            # Starlette names only the first route that matched the path; a path can have several (GET, DELETE).
-            methods: set[str] = set()
-            for route in request.app.router.routes:
-                if route.matches(request.scope)[0] != Match.NONE:
-                    methods |= getattr(route, "methods", None) or set()
-            headers["Allow"] = ", ".join(sorted(methods))
         return JSONResponse({"error": error_fields(err)}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
