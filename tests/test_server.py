@@ -573,3 +573,24 @@ def test_a_knowledge_folder_given_as_the_root_neither_breaks_nor_misleads(tmp_pa
     assert r.status_code == 404 and "--kb-root holds an index.json" in r.json()["error"]["message"]
     assert str(tmp_path) not in r.text
     assert {p: p.read_bytes() for p in kb.rglob("index.json")} == before and kindex.validate(kb) == []
+
+
+def test_a_step_is_said_to_have_ended_only_once_its_agent_is_free(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The answer to a step (and a poll's "done") came before the agent was freed: a client sending its next
+    # step at once got 409 busy (seen under load in the test suite).
+    from kindex.server import tasks as tasks_module
+
+    engine = app.state.tasks
+    seen: list[tuple[str, str | None]] = []
+    real = tasks_module.Task.finish
+
+    def finish(task: Any) -> None:
+        seen.append((task.state, engine._running.get(task.agent_id)))
+        real(task)
+
+    monkeypatch.setattr(tasks_module.Task, "finish", finish)
+    for _ in range(3):
+        assert call(app, "POST", f"{BASE}/reindex/root").status_code == 200
+    assert seen == [("done", None)] * 3

@@ -169,26 +169,33 @@ class Tasks:
 
     def _hand_on(self, task: Task) -> None:
         """Free the agent ``task`` held, or hand it to the next step waiting for it. A step that cannot start (a
-        broken ``kindex.toml``) ends with its error, and the one after it gets its turn."""
-        while True:
-            with self._lock:
-                if self._running.get(task.agent_id) != task.id:
+        broken ``kindex.toml``) ends with its error, and the one after it gets its turn; such steps are said to
+        have ended only once the agent is freed or handed on (see :meth:`_run`)."""
+        unrun: list[tuple[Task, KindexError]] = []
+        try:
+            while True:
+                with self._lock:
+                    if self._running.get(task.agent_id) != task.id:
+                        return
+                    waiting = self._waiting.get(task.agent_id)
+                    if not waiting:
+                        del self._running[task.agent_id]
+                        self._waiting.pop(task.agent_id, None)
+                        return
+                    task, step, kb = waiting.popleft()
+                    self._running[task.agent_id] = task.id
+                try:
+                    self._launch(task, step, kb, waited=True)
                     return
-                waiting = self._waiting.get(task.agent_id)
-                if not waiting:
-                    del self._running[task.agent_id]
-                    self._waiting.pop(task.agent_id, None)
-                    return
-                task, step, kb = waiting.popleft()
-                self._running[task.agent_id] = task.id
-            try:
-                self._launch(task, step, kb, waited=True)
-                return
-            except KindexError as exc:
-                self._end_unrun(task, exc)
-            except Exception:  # on a pool thread, after the holder's end: nobody else would free the agent
-                log.exception("task %s (%s of agent %s) could not start", task.id, task.step, task.agent_id)
-                self._end_unrun(task, InternalError("the task could not start on a server fault; see the server log"))
+                except KindexError as exc:
+                    unrun.append((task, exc))
+                except Exception:  # on a pool thread, after the holder's end: nobody else would free the agent
+                    log.exception("task %s (%s of agent %s) could not start", task.id, task.step, task.agent_id)
+                    fault = InternalError("the task could not start on a server fault; see the server log")
+                    unrun.append((task, fault))
+        finally:
+            for ended, error in unrun:
+                self._end_unrun(ended, error)
 
     @staticmethod
     def _progress(task: Task, p: Progress) -> None:
@@ -196,21 +203,24 @@ class Tasks:
 
     def _run(self, task: Task, body: Callable[[], RunReport]) -> None:
         task.state = "running"
+        state = "failed"
         try:
             report = task.report = body()
             task.completed, task.total = report.completed, report.total
-            task.state = "done"
+            state = "done"
         except KindexError as exc:
             task.error = exc
-            task.state = "cancelled" if isinstance(exc, CancelledRun) else "failed"
+            state = "cancelled" if isinstance(exc, CancelledRun) else "failed"
         except Exception:
             log.exception("task %s (%s of agent %s) crashed", task.id, task.step, task.agent_id)
             task.error = InternalError("the task failed on a server fault; see the server log")
-            task.state = "failed"
         finally:
+            # The agent is freed (or handed to the next step) before anyone can learn that this step ended: a
+            # client sending its next step on the answer, or on a poll that says "done", found it still held (409).
+            self._hand_on(task)
+            task.state = state
             task.finished_at = time.time()
             task.finish()
-            self._hand_on(task)
 
     def task(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
