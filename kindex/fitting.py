@@ -18,10 +18,10 @@ OMITTED_MARK = "\n\n[…]\n\n"
 
 SECTION_SCAN_CHARS = 20_000
 """Characters of each section looked at to tell whether it matches the question: bounded work per request."""
-MAX_FIT_CHARS = 1_000_000
-"""Characters of a document the fitting reads, at most (to the last line break within them): 250,000 tokens or
-more, past the largest budget, and a bound on the work of one request; a 5 MB page of 640,000 headings took
-3.4 s a call to parse whole."""
+MAX_FIT_CHARS = 500_000
+"""Characters of a document a request reads, cleans and fits, at most (to the last line break within them): about
+the largest budget (200,000 tokens: English prose estimates at ~0.42 a character, Chinese at 1.22), and a bound on
+the work of one request; a 5 MB page of 640,000 headings took 3.4 s a call to parse whole."""
 
 
 def _head(text: str) -> str:
@@ -95,7 +95,9 @@ def _cut(text: str, budget: int) -> str | None:
         return text
     if budget < 1:
         return None
-    text = _head(text)
+    # No character costs less than a twentieth of a token: what fits lies within budget × 20 characters, and the
+    # lines past them need no parse (a million short lines cost a second).
+    text = text[: budget * 20 + 2]
     lines = markdown_lines(text)
     cum = _costs(lines)
     k = 0  # the most lines that fit
@@ -112,7 +114,10 @@ def _cut(text: str, budget: int) -> str | None:
                 block = i
     choice = block if block and cum[block] * 2 >= cum[line] else line
     closing = ""
-    if cum[choice] * 2 < cum[k] and inside[k]:  # a code block bigger than the room: cut in it, then close it
+    # What a cut into the block could keep: the lines that fit, or, when the line after them takes more than half
+    # the budget alone (a one-line block of minified JSON), the budget itself, that line being cut into.
+    reach = budget if k < len(lines) and (budget - cum[k]) * 2 > budget else cum[k]
+    if cum[choice] * 2 < reach and inside[k]:  # a code block bigger than the room: cut in it, then close it
         fence = lines[k - 1].fence or "```"
         closing = "\n" + fence
         choice = k
@@ -155,6 +160,8 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     if budget < 1:
         return None
     text = _head(text)
+    if "#" not in text:  # no heading, so one section: no need to parse a long page for its structure
+        return _cut(text, budget)
     lines = markdown_lines(text)
     starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
     bounds = [0, *starts, len(lines)]
@@ -202,20 +209,23 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
 def _matching_part(piece: str, budget: int, wanted: Iterable[tuple[str, ...]]) -> str | None:
     """The start of section ``piece`` within ``budget``, unless that start misses the heaviest of the question's
     terms the section holds (``wanted``: heaviest first): then its heading, the gap mark and the section from
-    the first line holding that term on (the fourth bullet of a list that answers, not the three before it)."""
+    the first line holding that term on (the fourth bullet of a list that answers, not the three before it), or
+    from the opening fence of the code block that line is in: a cut never starts inside a block."""
     part = _cut(piece, budget)
     first, _, rest = piece.partition("\n")
-    rest = rest[:SECTION_SCAN_CHARS]
-    folded = normalize(rest)
+    folded = normalize(rest[:SECTION_SCAN_CHARS])
     key = next((fs for fs in wanted if any(f in folded for f in fs)), None)
     if part is None or key is None or any(f in normalize(part[len(first) :]) for f in key):
         return part
-    at = len(first) + 1
-    for line in rest.splitlines(keepends=True):
-        if any(f in normalize(line) for f in key):
-            tail = _cut(piece[at:], budget - estimate_tokens(first + OMITTED_MARK))
+    lines = markdown_lines(piece[: len(first) + 1 + SECTION_SCAN_CHARS])
+    opening = 0
+    for i, line in enumerate(lines):
+        if line.fence is not None and (i == 0 or not lines[i - 1].open_after):
+            opening = i  # a code block opens here
+        if i and any(f in normalize(line.text) for f in key):
+            at = lines[opening].start if line.fence is not None else line.start
+            tail = _cut(piece[at:], budget - estimate_tokens(first + OMITTED_MARK)) if at > len(first) else None
             return first + OMITTED_MARK + tail if tail else part
-        at += len(line)
     return part
 
 

@@ -17,9 +17,9 @@ letter or digit is a type's parameter, not a tag: ``Vec<T>`` and ``List<String>`
 line break inside: a scan for it never goes past the next "<", and the search is one forward pass."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made by the hundred thousand for a long page, where frozen's __init__ costs 3.6×
 class Line:
-    """One line of a document (its text keeps the line break)."""
+    """One line of a document (its text keeps the line break). Not changed once :func:`lines` made it."""
 
     start: int
     text: str
@@ -165,6 +165,11 @@ def lines(text: str) -> list[Line]:
     items_depth = 0
     pos = 0
     for raw in physical_lines(text):
+        if opening is None and raw[:1].isalpha():  # most lines: prose, which opens no block, heading or item
+            out.append(Line(pos, raw, None, None))
+            items, items_depth = [], 0
+            pos += len(raw)
+            continue
         body = raw.rstrip("\r\n")
         quotes, rest = _quoted(body)
         if opening is not None and (quotes < depth or (rest.strip() and _indent(rest) < base)):

@@ -43,11 +43,11 @@ from kindex.analysis import (
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import UsageError
 from kindex.files import regular_file
-from kindex.fitting import fit_to_budget, one_line
+from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
-from kindex.scan import document_text, kb_folder, servable
+from kindex.scan import document_start, kb_folder, servable
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
 from kindex.tokenize import estimate_tokens, units
@@ -1059,8 +1059,14 @@ def _has_text(root: Path, name: str) -> bool:
     comment, would hand the agent a header and nothing else."""
     if not servable(root, name):
         return False
-    text = document_text(root, name)
-    return bool(text and text.strip())
+    got = document_start(root, name, MAX_FIT_CHARS)
+    return got is not None and _says_something(got[0])
+
+
+def _says_something(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees (zero-width ones and the like are no text)."""
+    stripped = text.strip()
+    return bool(stripped) and (len(stripped) > 64 or bool(normalize(stripped).strip()))
 
 
 def _overview_text(loaded: _Loaded) -> str:
@@ -1091,11 +1097,16 @@ def _assemble(
     for hit in hits:
         if len(items) >= max_docs:
             break
-        text = _overview_text(loaded) if hit.level == "overview" else document_text(root, hit.path)
-        if text is None:
+        got = (
+            (_overview_text(loaded), False)
+            if hit.level == "overview"
+            else document_start(root, hit.path, MAX_FIT_CHARS)
+        )
+        if got is None:
             missing.append(hit.path)
             continue
-        if not text.strip():
+        text, more = got  # ``more``: a page past MAX_FIT_CHARS, of which only the start was read
+        if not _says_something(text):
             continue  # emptied since it was indexed, or only a comment: nothing to hand over
         room = left - (units(_SEPARATOR) if parts else 0)
         headers: tuple[str, ...] = (f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n",)
@@ -1103,7 +1114,7 @@ def _assemble(
             headers += (f"(source: {one_line(hit.path)})\n\n", "")
         header = next((h for h in headers if room - units(h) >= MIN_SERVED_TOKENS * 100), headers[-1])
         room -= units(header)
-        truncated = units(text) > room
+        truncated = more or units(text) > room
         matched = scored.matched([hit.idx])[0]
         if truncated:
             mark = _TRUNCATION_MARK.format(path=one_line(hit.path))

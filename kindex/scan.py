@@ -378,11 +378,22 @@ def servable(kb: Path, rel: str) -> bool:
 def document_text(kb: Path, rel: str) -> str | None:
     """A document's text as it is served (frontmatter and HTML comments dropped, not parsed), or ``None`` when it
     cannot be served (see :func:`servable`) or is no text (see :func:`decode_document`)."""
+    got = document_start(kb, rel, None)
+    return None if got is None else got[0]
+
+
+def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:
+    """:func:`document_text` of the first ``max_chars`` characters of the body (to a line break), and whether
+    more follows: what a request that hands over at most that much needs to clean, not a 5 MB page each time."""
     if not servable(kb, rel):
         return None
     try:
         with open(kb / rel, "rb") as fh:
-            text = decode_document(fh.read(MAX_DOC_BYTES + 1))
+            text = strip_frontmatter(decode_document(fh.read(MAX_DOC_BYTES + 1)))
     except (OSError, InvalidFileError):
         return None
-    return clean_body(strip_frontmatter(text)).strip()
+    more = max_chars is not None and len(text) > max_chars
+    if max_chars is not None and more:
+        end = text.rfind("\n", 0, max_chars)
+        text = text[: end + 1 if end > 0 else max_chars]
+    return clean_body(text).strip(), more

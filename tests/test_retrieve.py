@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -863,7 +865,7 @@ def test_a_one_line_code_block_larger_than_the_budget_hands_over_its_start() -> 
     assert 250 <= estimate_tokens(cut) <= 300 and _fences_closed(cut)
 
 
-def test_the_fitting_reads_a_bounded_start_of_a_huge_document(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fitting_reads_a_bounded_start_of_a_huge_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A 5 MB page of 640,000 headings cost 3.4 s a call: every call parsed all of it.
     parsed: list[int] = []
     real = kindex.markdown.lines
@@ -877,6 +879,23 @@ def test_the_fitting_reads_a_bounded_start_of_a_huge_document(monkeypatch: pytes
     for fit in (fit_to_budget(page, 6000, ["kiwi"]), cut_to_budget(page, 6000)):
         assert fit is not None and fit.startswith("# kiwi guide") and estimate_tokens(fit) <= 6000
     assert parsed and max(parsed) <= kindex.fitting.MAX_FIT_CHARS
+
+    # And a request reads and cleans no more of the page than that (a <style> block made it parse 5 MB each time).
+    cleaned: list[int] = []
+    scan_module = importlib.import_module("kindex.scan")  # ``kindex.scan`` is the function of that name
+    clean: Callable[[str], str] = scan_module.clean_body
+
+    def spy_clean(body: str) -> str:
+        cleaned.append(len(body))
+        return clean(body)
+
+    monkeypatch.setattr(scan_module, "clean_body", spy_clean)
+    kb = make_kb(tmp_path, {"t/kiwi.md": (_doc("kiwi.md", "kiwi guide", "kiwi"), "<style>\n</style>\n" + page)})
+    kindex.build_context(kb, "kiwi guide", max_docs=1)  # the tables, built in memory from the whole page
+    cleaned.clear()
+    ctx = kindex.build_context(kb, "kiwi guide", max_docs=1)
+    assert ctx.items[0].path == "t/kiwi.md" and ctx.items[0].truncated and "## kiwi" in ctx.text
+    assert cleaned and max(cleaned) <= kindex.fitting.MAX_FIT_CHARS
 
 
 def test_a_section_cut_to_fit_keeps_the_line_that_answers(indexed: Path) -> None:
@@ -922,3 +941,27 @@ def test_a_cut_into_a_line_never_splits_what_a_reader_sees_as_one_character(line
         assert unicodedata.combining(cut[-1]) != 9, budget  # a virama joins the consonant after it
         flags = len(cut) - len(cut.rstrip("".join(chr(c) for c in range(0x1F1E6, 0x1F200))))
         assert flags % 2 == 0, budget
+
+
+def test_a_section_cut_starting_at_its_match_never_starts_inside_a_code_block() -> None:
+    # The match was on a line of code: the cut started there and left a lone closing fence, which CommonMark reads
+    # as a new block swallowing the rest (101 of 9,260 fits over the corpora, second hostile campaign).
+    doc = (
+        "# Guide\n\nIntro.\n\n## Setup\n\n"
+        + "Some prose line about things.\n\n" * 20
+        + "```python\n"
+        + "x = 1\n" * 5
+        + "client.retry_policy = 3\ny = 2\n```\n\nAfter the code, more prose.\n\n## Other\n\nOther text.\n"
+    )
+    fit = fit_to_budget(doc, 80, ["retry_policy"])
+    assert fit is not None and _fences_closed(fit) and estimate_tokens(fit) <= 80
+    assert "## Setup\n\n[…]\n\n```python\nx = 1" in fit and "client.retry_policy = 3" in fit
+
+
+@pytest.mark.parametrize("head", ["# T\n\nIntro.\n\n", "## 配置\n\n", "1. step\n\n"])
+def test_a_one_line_code_block_after_a_short_head_is_cut_into_not_dropped(head: str) -> None:
+    text = head + "```json\n" + '{"key": "value", "n": 12345}' * 500 + "\n```\n"
+    for budget in (100, 400, 1500):
+        cut = cut_to_budget(text, budget)
+        assert cut is not None and cut.startswith(head + '```json\n{"key": "') and cut.endswith("\n```")
+        assert budget * 0.8 <= estimate_tokens(cut) <= budget and _fences_closed(cut), budget
