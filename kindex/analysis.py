@@ -47,7 +47,7 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 9
+ANALYZER_VERSION = 10
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
@@ -102,11 +102,15 @@ _stemmer = Stemmer.Stemmer("english")
 _stem_cache: dict[str, str] = {}
 
 
-# Characters no reader sees: soft hyphens, zero-width spaces and joiners, direction marks, word joiners, BOMs; and
-# the marks that a letter of A-Z cannot take as an accent of its own after NFKC (a strike-through ``C̶O̶R̶S̶``). Left
-# in, they cut a word into letters: ``C\u200bO\u200bR\u200bS`` was four one-letter terms. One regex pass without
-# backtracking: a character class, or a run of marks after one ASCII letter.
-_UNSEEN = re.compile(r"[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]|(?<=[A-Za-z])[\u0300-\u036f]+")
+# Characters no reader sees: soft hyphens, zero-width spaces and joiners, direction marks and isolates, the Arabic
+# letter mark, word joiners, variation selectors, Hangul fillers, BOMs; and the marks that a letter of A-Z or a
+# Chinese character cannot take as an accent of its own after NFKC (a strike-through: ``C̶O̶R̶S̶``, ``退̶款̶``). Left in,
+# they cut a word into letters: ``C\u200bO\u200bR\u200bS`` was four one-letter terms. One regex pass without
+# backtracking: a character class, or a run of marks after one letter.
+_UNSEEN = re.compile(
+    r"[\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\u3164\ufe00-\ufe0f\ufeff\uffa0]"
+    r"|(?<=[A-Za-z\u3400-\u4dbf\u4e00-\u9fff])[\u0300-\u036f]+"
+)
 
 
 def _nfkc(text: str) -> str:

@@ -57,7 +57,20 @@ def _char_cut(line: str, budget: int) -> str:
     return part[: end + 1] if end >= len(part) // 2 else part
 
 
-_JOINERS = "\u200d\ufe0e\ufe0f"  # a zero-width joiner, the text and emoji variation selectors
+def _extends(ch: str) -> bool:
+    """Whether ``ch`` belongs to the character before it, as a reader sees it: a combining, spacing or enclosing
+    mark (accents, Indic and Thai vowel signs, a keycap), a joiner, a variation selector, a skin tone, an emoji
+    tag, a Hangul vowel or final consonant."""
+    return (
+        unicodedata.category(ch) in ("Mn", "Mc", "Me")
+        or ch in "\u200c\u200d"
+        or "\ufe00" <= ch <= "\ufe0f"
+        or "\U0001f3fb" <= ch <= "\U0001f3ff"
+        or "\U000e0020" <= ch <= "\U000e007f"
+        or "\U000e0100" <= ch <= "\U000e01ef"
+        or "\u1160" <= ch <= "\u11ff"
+        or "\ud7b0" <= ch <= "\ud7ff"
+    )
 
 
 def _regional(ch: str) -> bool:
@@ -66,13 +79,10 @@ def _regional(ch: str) -> bool:
 
 def _grapheme_start(line: str, at: int) -> int:
     """``at`` moved back to the start of the character a reader sees there, so a cut never leaves an accent
-    without its letter, half a flag, an emoji joined to nothing or half a conjunct. Steps back over marks,
-    joiners and what they join only."""
+    without its letter, half a flag, an emoji joined to nothing or half a conjunct. Steps back over what extends
+    the character before it (:func:`_extends`), and over the consonant a joiner or a virama binds to it."""
     while 0 < at < len(line) and (
-        unicodedata.combining(line[at])
-        or line[at] in _JOINERS
-        or line[at - 1] == "\u200d"
-        or unicodedata.combining(line[at - 1]) == 9  # after a virama: the consonant it joins (क्ष)
+        _extends(line[at]) or line[at - 1] == "\u200d" or unicodedata.combining(line[at - 1]) == 9
     ):
         at -= 1
     if 0 < at < len(line) and _regional(line[at]) and _regional(line[at - 1]):

@@ -696,12 +696,13 @@ def _score(
         # words do): it may rank, never make a question on topic, nor name a subject.
         letter = len(term) == 1 and not has_han(term)
         if df:
-            # A single Chinese character is weak evidence (账 in 到账, 记账, 账号): it may tip a tie, not decide a rank.
-            qw = SINGLE_HAN_WEIGHT if len(term) == 1 and has_han(term) else PART_WEIGHT if term in weak else 1.0
+            # A single character is weak evidence (账 in 到账, 记账, 账号; the "S" of "导出 C S V"): it may tip a tie,
+            # not decide a rank.
+            qw = SINGLE_HAN_WEIGHT if len(term) == 1 else PART_WEIGHT if term in weak else 1.0
             # ``add.at`` takes the int32 rows as they are (an index expression would convert them first); each
             # document is once in a row, so it adds exactly what ``adds[docs] += ...`` would.
             if letter:
-                np.add.at(adds, row.docs, row.adds.real)  # its gain only: it covers nothing
+                np.add.at(adds, row.docs, qw * row.adds.real)  # its gain only: it covers nothing
             else:
                 np.add.at(adds, row.docs, row.adds if qw == 1.0 else qw * row.adds.real + 1j * row.adds.imag)
         value = not df and term in values
@@ -820,11 +821,14 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
     """Rules for the files in scope first, then the documents the question is about (none when off topic)."""
     hits: list[_Hit] = []
     if scope:
-        for idx, globs in loaded.globs.items():
+        matched = [
+            (idx, glob) for idx, globs in loaded.globs.items() if (glob := any_match(globs, scope, loaded.matchers))
+        ]
+        # The rules a path brings in, best for the question first (a theme's paths bring in all its documents).
+        matched.sort(key=lambda m: (-float(scored.scores[m[0]]), int(loaded.path_rank[m[0]])))
+        for idx, glob in matched:
             doc = loaded.index.docs[idx]
-            glob = any_match(globs, scope, loaded.matchers)
-            if glob is not None:
-                hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
+            hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
     if scored.on_topic(candidates, min_relevance):
         t_scores, _, _ = _theme_scores(loaded, scored)

@@ -40,6 +40,7 @@ def indexed(sample_kb: Path) -> Path:
         ("C\u200bO\u200bR\u200bS", ["cor"]),
         ("CO\u00adRS 退\u200b款", ["cor", "退款"]),
         ("C\u0336O\u0336R\u0336S\u0336", ["cor"]),
+        ("C\u2066OR\u061cS\u2069 退\u0336款\u0336", ["cor", "退款"]),  # isolates, the Arabic mark, Chinese struck out
     ],
 )
 def test_analysis_gives_words_not_fragments(text: str, terms: list[str]) -> None:
