@@ -129,6 +129,10 @@ def physical_lines(text: str) -> list[str]:
 
 
 _LIST_MARKER = re.compile(r"(?:[-*+]|[0-9]{1,9}[.)])( +|$)")
+_MARKERS = re.compile(r"[-*+]|[0-9]{1,9}[.)]")
+_BREAK = re.compile(r" {0,3}(?:(?:- *){3,}|(?:\* *){3,}|(?:_ *){3,})")
+"""A thematic break (``- - -``, ``***``): no list item, though it starts like one. Each repetition consumes its
+character first, so the match is linear."""
 """A list item's marker and the spaces after it (bounded and possessive in effect: one pass, no backtracking)."""
 
 
@@ -161,6 +165,7 @@ def lines(text: str) -> list[Line]:
     out: list[Line] = []
     opening: str | None = None
     depth = base = 0  # the open block's quote depth and its list indent (in the text after the quote markers)
+    lead = ""  # what its lines start with before the fence: the prefix of a closing fence
     items: list[int] = []  # the text columns of the list items open at the current quote depth
     items_depth = 0
     pos = 0
@@ -170,7 +175,7 @@ def lines(text: str) -> list[Line]:
             items, items_depth = [], 0
             pos += len(raw)
             continue
-        body = raw.rstrip("\r\n")
+        body = raw.rstrip("\r\n").expandtabs(4)  # a tab indents to the next multiple of four, as CommonMark reads it
         quotes, rest = _quoted(body)
         if opening is not None and (quotes < depth or (rest.strip() and _indent(rest) < base)):
             opening = None  # its container ended: so did the block, after the line before
@@ -178,7 +183,7 @@ def lines(text: str) -> list[Line]:
         if opening is not None:
             inner = rest[base:] if _indent(rest) >= base else rest
             closing = closes(inner, opening)
-            out.append(Line(pos, raw, _prefix(depth, base) + opening, None, not closing))
+            out.append(Line(pos, raw, lead + opening, None, not closing))
             if closing:
                 opening = None
             pos += len(raw)
@@ -191,27 +196,30 @@ def lines(text: str) -> list[Line]:
             while items and ind < items[-1]:
                 items.pop()
             col = items[-1] if items else 0
-            marker = _LIST_MARKER.match(rest, ind) if ind - col <= 3 else None
+            marker = _LIST_MARKER.match(rest, ind) if ind - col <= 3 and not _BREAK.fullmatch(rest) else None
             if marker is not None:
                 spaces = len(marker.group(1))
-                col = marker.end() - (spaces - 1 if spaces > 4 else 0)  # five spaces or more: code after one
+                # An empty item's text would start one space after its marker; five spaces or more: code after one.
+                col = marker.end() + (1 if not spaces else -(spaces - 1) if spaces > 4 else 0)
                 items.append(col)
                 fence = fence_opening(rest[col:])
             else:
                 fence = fence_opening(rest[col:] if ind >= col else rest)
             if fence is not None:
                 opening, depth, base = fence, quotes, col
+                lead = _lead(body, fence)
         if fence is not None:
-            out.append(Line(pos, raw, _prefix(depth, base) + fence, None, True))
+            out.append(Line(pos, raw, lead + fence, None, True))
         else:
             out.append(Line(pos, raw, None, heading_title(raw)))
         pos += len(raw)
     return out
 
 
-def _prefix(depth: int, base: int) -> str:
-    """What a line of a block at quote ``depth`` and list indent ``base`` starts with: a closing fence's prefix."""
-    return "> " * depth + " " * base
+def _lead(body: str, fence: str) -> str:
+    """What the line opening ``fence`` holds before it, list markers as spaces (``- ```js``: two spaces; ``  > ````:
+    ``  > ``): what a closing fence in the same container starts with."""
+    return _MARKERS.sub(lambda m: " " * len(m.group()), body[: body.index(fence)])
 
 
 # The start and end of a CommonMark HTML block of type 1 that holds no prose: a line indented three spaces at most

@@ -848,6 +848,13 @@ CONTAINER_FENCES = {
     "nested list, tildes": "- a\n  - b\n\n    ~~~~\n"
     + "".join(f"    line {i} ~~~ with words\n" for i in range(80))
     + "    ~~~~\n",
+    # From the second campaign: the closing prefix keeps the list indent before the quote; an empty item's text
+    # starts a space after its marker; a thematic break is no list item.
+    "quote in a list item": "- item\n\n  > ```js\n"
+    + "".join(f"  > line {i} with words\n" for i in range(80))
+    + "  > ```\n\nAfter.\n",
+    "empty item": "-\n  ```\n" + "".join(f"  code {i} with words\n" for i in range(80)) + "  ```\n\nAfter.\n",
+    "after a thematic break": "- - -\n  ```\n" + "".join(f"  code {i} with words\n" for i in range(80)) + "```\n",
 }
 
 
