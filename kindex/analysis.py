@@ -107,10 +107,15 @@ _stem_cache: dict[str, str] = {}
 # Chinese character cannot take as an accent of its own after NFKC (a strike-through: ``C̶O̶R̶S̶``, ``退̶款̶``). Left in,
 # they cut a word into letters: ``C\u200bO\u200bR\u200bS`` was four one-letter terms. One regex pass without
 # backtracking: a character class, or a run of marks after one letter.
-_UNSEEN = re.compile(
-    r"[\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\u3164\ufe00-\ufe0f\ufeff\uffa0]"
-    r"|(?<=[A-Za-z\u3400-\u4dbf\u4e00-\u9fff])[\u0300-\u036f]+"
-)
+_INVISIBLE = r"\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\u3164\ufe00-\ufe0f\ufeff\uffa0"
+_UNSEEN = re.compile(rf"[{_INVISIBLE}]|(?<=[A-Za-z\u3400-\u4dbf\u4e00-\u9fff])[\u0300-\u036f]+")
+_SEEN = re.compile(rf"[^\s{_INVISIBLE}]")
+
+
+def visible(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees: not only white space and the characters of ``_UNSEEN``.
+    One search that stops at the first such character."""
+    return _SEEN.search(text) is not None
 
 
 def _nfkc(text: str) -> str:

@@ -39,6 +39,7 @@ from kindex.analysis import (
     normalize,
     surface_forms,
     value_terms,
+    visible,
 )
 from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
 from kindex.errors import UsageError
@@ -47,7 +48,7 @@ from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
 from kindex.globs import any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
-from kindex.scan import document_start, kb_folder, servable
+from kindex.scan import document_start, kb_folder
 from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
 from kindex.store import STATE_DIR
 from kindex.tokenize import estimate_tokens, units
@@ -1061,16 +1062,8 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
 def _has_text(root: Path, name: str) -> bool:
     """Whether ``name`` can be served and says something: an overview document that is empty, or only a licence
     comment, would hand the agent a header and nothing else."""
-    if not servable(root, name):
-        return False
     got = document_start(root, name, MAX_FIT_CHARS)
-    return got is not None and _says_something(got[0])
-
-
-def _says_something(text: str) -> bool:
-    """Whether ``text`` holds a character a reader sees (zero-width ones and the like are no text)."""
-    stripped = text.strip()
-    return bool(stripped) and (len(stripped) > 64 or bool(normalize(stripped).strip()))
+    return got is not None and visible(got[0])
 
 
 def _overview_text(loaded: _Loaded) -> str:
@@ -1110,7 +1103,7 @@ def _assemble(
             missing.append(hit.path)
             continue
         text, more = got  # ``more``: a page past MAX_FIT_CHARS, of which only the start was read
-        if not _says_something(text):
+        if not visible(text):
             continue  # emptied since it was indexed, or only a comment: nothing to hand over
         room = left - (units(_SEPARATOR) if parts else 0)
         headers: tuple[str, ...] = (f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n",)

@@ -831,30 +831,30 @@ def _fences_closed(text: str) -> bool:
     for token in MarkdownIt("commonmark").parse(text):
         if token.type == "fence" and token.map:
             start, end = token.map
-            last = source[end - 1].lstrip(" >") if end - 1 < len(source) else ""
+            last = source[end - 1].lstrip(" >\t") if end - 1 < len(source) else ""
             if end - 1 == start or not last.startswith(token.markup) or last.strip(token.markup[0]).strip():
                 return False
     return True
 
 
+def _block(opening: str, line: str, closing: str) -> str:
+    """A fenced block of 80 lines (``line`` formatted with ``i``) between ``opening`` and ``closing``."""
+    return opening + "".join(line.format(i=i) for i in range(80)) + closing
+
+
 CONTAINER_FENCES = {
-    "list item, indented": "1. Step one:\n\n    ```bash\n"
-    + "".join(f"    echo {i} with some words\n" for i in range(80))
-    + "    ```\n\n2. Step two.\n",
-    "block quote": "> Note:\n>\n> ```python\n"
-    + "".join(f"> print({i})  # with some words\n" for i in range(80))
-    + "> ```\n\nAfter.\n",
-    "on the marker line": "- ```js\n" + "".join(f"  call({i}); // with some words\n" for i in range(80)) + "  ```\n",
-    "nested list, tildes": "- a\n  - b\n\n    ~~~~\n"
-    + "".join(f"    line {i} ~~~ with words\n" for i in range(80))
-    + "    ~~~~\n",
+    "list item, indented": _block(
+        "1. Step one:\n\n    ```bash\n", "    echo {i} with some words\n", "    ```\n\n2. Two.\n"
+    ),
+    "block quote": _block("> Note:\n>\n> ```python\n", "> print({i})  # with some words\n", "> ```\n\nAfter.\n"),
+    "on the marker line": _block("- ```js\n", "  call({i}); // with some words\n", "  ```\n"),
+    "nested list, tildes": _block("- a\n  - b\n\n    ~~~~\n", "    line {i} ~~~ with words\n", "    ~~~~\n"),
     # From the second campaign: the closing prefix keeps the list indent before the quote; an empty item's text
-    # starts a space after its marker; a thematic break is no list item.
-    "quote in a list item": "- item\n\n  > ```js\n"
-    + "".join(f"  > line {i} with words\n" for i in range(80))
-    + "  > ```\n\nAfter.\n",
-    "empty item": "-\n  ```\n" + "".join(f"  code {i} with words\n" for i in range(80)) + "  ```\n\nAfter.\n",
-    "after a thematic break": "- - -\n  ```\n" + "".join(f"  code {i} with words\n" for i in range(80)) + "```\n",
+    # starts a space after its marker; a thematic break is no list item; a tab indents to the next multiple of 4.
+    "quote in a list item": _block("- item\n\n  > ```js\n", "  > line {i} with words\n", "  > ```\n\nAfter.\n"),
+    "empty item": _block("-\n  ```\n", "  code {i} with words\n", "  ```\n\nAfter.\n"),
+    "after a thematic break": _block("- - -\n  ```\n", "  code {i} with words\n", "```\n"),
+    "tab indents": _block("- item\n\n\t```\n", "\tcode {i} with words\n", "\t```\n\nAfter.\n"),
 }
 
 
@@ -986,3 +986,9 @@ def test_a_one_line_code_block_after_a_short_head_is_cut_into_not_dropped(head: 
         cut = cut_to_budget(text, budget)
         assert cut is not None and cut.startswith(head + '```json\n{"key": "') and cut.endswith("\n```")
         assert budget * 0.8 <= estimate_tokens(cut) <= budget and _fences_closed(cut), budget
+
+
+def test_a_thematic_break_is_no_list_item_that_keeps_a_fence_open() -> None:
+    # "- - -" read as a list item kept the indented fence after it open past its closing fence at column 0, and
+    # every later heading was hidden.
+    assert kindex.markdown.headings("- - -\n  ```\n  code\n```\n\n# Real\n\n## Later\n") == ("Real", "Later")

@@ -404,3 +404,8 @@ def test_words_of_another_script_are_phrasing_not_another_products_names(indexed
 @pytest.mark.parametrize("message", ["안녕하세요 오늘 날씨 어때요", "привет как дела", "Как установить MySQL"])
 def test_small_talk_and_other_products_in_another_script_still_fall_back(indexed: Path, message: str) -> None:
     assert kindex.search(indexed, message) == []
+
+
+def test_single_letters_rank_as_weakly_as_single_characters(indexed: Path) -> None:
+    # "导出 C S V" served the rate-limits page on its "S".
+    assert kindex.search(indexed, "导出 C S V")[0].path == "sync/数据导入导出.md"
