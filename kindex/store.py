@@ -152,11 +152,12 @@ def refuse_theme_folder(kb: Path) -> None:
     except (OSError, KindexError):
         return  # not an index kindex can read: nothing of it to break
     if any(t.dir == kb.name for t in above.themes):
-        # Names, not paths, as every core message: this one reaches an HTTP service's tenants too.
+        # Names, not paths, as every core message: this one reaches an HTTP service's tenants too. And no quoted
+        # command, which the service rewords as this agent's route: the folder meant is not an agent.
         raise ThemeFolderError(
             f"'{kb.name}' is a theme of the knowledge folder above it, '{parent.name}' (its {INDEX_FILE} lists it), "
-            f"and indexing it on its own would replace its theme index: run `kindex reindex` on '{parent.name}', "
-            f"or `kindex sub` on '{parent.name}' with '{kb.name}' for this theme only"
+            f"and indexing it on its own would replace its theme index: index '{parent.name}' instead (kindex "
+            f"reindex), or only this theme of it (kindex sub '{parent.name}' '{kb.name}')"
         )
 
 

@@ -594,3 +594,16 @@ def test_a_step_is_said_to_have_ended_only_once_its_agent_is_free(
     for _ in range(3):
         assert call(app, "POST", f"{BASE}/reindex/root").status_code == 200
     assert seen == [("done", None)] * 3
+
+
+def test_a_steps_error_reaches_its_tenant_without_the_servers_paths(kb_root: Path, app: FastAPI) -> None:
+    # Errors raised in a task's thread were recorded as the core raised them: the answer to a step, and the task
+    # a poll reads, named the server's folders, where the routes' own errors are reworded for HTTP.
+    (kb_root / "agent1" / ".kindex" / "answers.sqlite").mkdir(parents=True)  # no answer cache can be opened there
+    r = call(app, "POST", f"{BASE}/reindex")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "storage_error", r.text
+    assert str(kb_root) not in r.text and "agent1/.kindex/answers.sqlite is not a regular file" in r.text
+    r = call(app, "POST", f"{BASE}/reindex", params={"wait": "false"})
+    app.state.tasks.task(r.json()["id"]).done.wait(60)
+    polled = call(app, "GET", f"/v1/tasks/{r.json()['id']}").json()
+    assert polled["state"] == "failed" and str(kb_root) not in polled["error"]["message"]

@@ -17,6 +17,7 @@ from kindex.kb import KnowledgeBase, Step, check_agent_id
 from kindex.records import INDEX_FILE, Index
 from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit, TaskModel
 from kindex.scan import scan
+from kindex.server.errors import for_http
 from kindex.server.schemas import (
     ContextRequest,
     DocRequest,
@@ -42,6 +43,16 @@ tasks_router = APIRouter(prefix="/v1/tasks", dependencies=_GUARDS)
 health = APIRouter()
 
 
+def _for_tenant(task: TaskModel, root: Path) -> TaskModel:
+    """``task`` as its tenant reads it: a step's error worded for HTTP as the routes' own errors are (no server
+    path, the route to call instead of the command to type: :func:`for_http`). Both engines record the core's
+    message as raised, in a thread or on a worker that knows nothing of HTTP."""
+    if task.error is None:
+        return task
+    message = for_http(task.error.message, root, task.agent_id)
+    return task.model_copy(update={"error": task.error.model_copy(update={"message": message})})
+
+
 async def _run_step(state: ServerState, agent_id: str, step: Step, wait: bool) -> Response:
     kb = state.handle(agent_id)
     task = await state.tasks.submit(agent_id, step, kb)
@@ -49,7 +60,7 @@ async def _run_step(state: ServerState, agent_id: str, step: Step, wait: bool) -
         return Response(
             task.model_dump_json(), status_code=202, media_type=_JSON, headers={"Location": f"/v1/tasks/{task.id}"}
         )
-    task = await state.tasks.wait(task.id)
+    task = _for_tenant(await state.tasks.wait(task.id), state.root)
     if task.error is not None:
         body = {"error": task.error.model_dump(exclude_none=True)}
         return JSONResponse(body, status_code=status_of(task.error.code))
@@ -252,13 +263,15 @@ def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response
 
 @tasks_router.get("/{task_id}", response_model=TaskModel, summary="A task's state, progress and report")
 async def get_task(task_id: str, request: Request) -> Response:
-    task = await server_state(request).tasks.get(task_id)
+    state = server_state(request)
+    task = _for_tenant(await state.tasks.get(task_id), state.root)
     return Response(task.model_dump_json(), media_type=_JSON)
 
 
 @tasks_router.delete("/{task_id}", response_model=TaskModel, summary="Cancel a task")
 async def cancel_task(task_id: str, request: Request) -> Response:
-    task = await server_state(request).tasks.cancel(task_id)
+    state = server_state(request)
+    task = _for_tenant(await state.tasks.cancel(task_id), state.root)
     return Response(task.model_dump_json(), media_type=_JSON)
 
 
