@@ -8,7 +8,7 @@ kindex`: the library's imports, the load and the answer), and in this one proces
 search tables loaded; the imports and the segmenter already paid for by the indexing), warm p50/p99 over a set of
 questions, peak memory (tracemalloc) of the loaded index, and as the yardstick bm25s's own
 retrieve (top 10) over the same documents' entry + body text with kindex's analysis, the same questions. Also
-the cost of a `doc` step on one edited document against a full offline reindex of the same KB.
+the cost of a `doc` step on one edited document against the same step reading and analysing every document.
 """
 
 from __future__ import annotations
@@ -153,12 +153,18 @@ def main() -> None:
             bm25_times.append(time.perf_counter() - t0)
 
         edited = next(kb.rglob("doc00001.md"))
-        edited.write_text(edited.read_text(encoding="utf-8") + "\n追加一段：海外信用卡付款失败。\n", encoding="utf-8")
         rel = edited.relative_to(kb)
-        t0 = time.perf_counter()
-        kindex.doc(kb, rel.parts[0], "/".join(rel.parts[1:]))
-        doc_step = time.perf_counter() - t0
-        (kb / ".kindex" / "search.npz").unlink()  # the same step over the whole KB: every document analysed
+        doc_steps = []
+        # The first step after the reindex reads again the files written within 2 s of that reindex's scan (their
+        # stat signature could still change unseen); the second is every later one's cost.
+        for extra in ("海外信用卡付款失败", "发票抬头填错"):
+            edited.write_text(edited.read_text(encoding="utf-8") + f"\n追加一段：{extra}。\n", encoding="utf-8")
+            t0 = time.perf_counter()
+            kindex.doc(kb, rel.parts[0], "/".join(rel.parts[1:]))
+            doc_steps.append(time.perf_counter() - t0)
+        # The same step over the whole KB: every document read and analysed.
+        (kb / ".kindex" / "search.npz").unlink()
+        (kb / ".kindex" / "scan.json").unlink()
         t0 = time.perf_counter()
         kindex.doc(kb, rel.parts[0], "/".join(rel.parts[1:]))
         full = time.perf_counter() - t0
@@ -179,7 +185,10 @@ def main() -> None:
     print(f"| warm search p50 / bm25s p50 | {statistics.median(rank_only) / b50:.2f} |")
     print(f"| warm search with explain=False p50 / bm25s p50 | {statistics.median(unexplained) / b50:.2f} |")
     print(f"| warm build_context p50 / bm25s p50 (incl. reading the originals) | {w50 / b50:.2f} |")
-    print(f"| doc step on one edited document: index updated / built from scratch | {ms(doc_step)} / {ms(full)} |")
+    print(
+        f"| doc step on one edited document: first after the reindex / later / every document read and analysed "
+        f"| {ms(doc_steps[0])} / {ms(doc_steps[1])} / {ms(full)} |"
+    )
     print(f"| peak traced memory of the cold load | {peak / 2**20:.1f} MiB |")
     print(f"| process max RSS | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB |")
 

@@ -131,6 +131,8 @@ class Options:
     concurrency: int = DEFAULT_CONCURRENCY
     excerpt_chars: int = DEFAULT_EXCERPT_CHARS
     force: bool = False
+    """Ask the model again instead of using cached answers, and read every document instead of what the last scan
+    remembered of the unchanged ones."""
     wait: float = 0.0
     on_progress: ProgressCallback | None = None
     cancel: threading.Event | None = None
@@ -196,7 +198,9 @@ def doc(
     clear_dir: bool = False,
 ) -> RunReport:
     """Merge one document's entry into ``DIR/index.json``; ``clear_dir`` starts that theme index afresh."""
-    return _run(kb, options, "doc", lambda r: r.one_doc(dir_name, path, clear_dir), subject=dir_name)
+    return _run(
+        kb, options, "doc", lambda r: r.one_doc(dir_name, path, clear_dir), dir_name, read_again=f"{dir_name}/{path}"
+    )
 
 
 def _run(
@@ -205,10 +209,12 @@ def _run(
     step: str,
     body: Callable[[_Runner], Any],
     subject: str | None = None,
+    read_again: str | None = None,
 ) -> RunReport:
     opts = options or Options()
     opts.check()
-    s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    # What the step is about is read from disk whatever the scan remembers; `force` reads every document.
+    s = scan(kb, excerpt_chars=opts.excerpt_chars, reuse=not opts.force, read_again=read_again or subject)
     refuse_theme_folder(s.kb)
     if subject is not None:
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
@@ -533,6 +539,7 @@ class _Runner:
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
+        self.scan.remember()
 
     async def reindex(self) -> None:
         s = self.scan

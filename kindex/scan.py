@@ -1,24 +1,43 @@
-"""Scanning a knowledge folder (SPEC §2): which Markdown documents exist, their excerpts and their signals."""
+"""Scanning a knowledge folder (SPEC §2): which Markdown documents exist, their excerpts and their signals.
+
+A scan walks the whole folder every time, but reads only the documents that changed since the last one: what it
+read is remembered in ``.kindex/scan.json`` under each file's stat signature, so a ``doc`` step on one edited
+document of 10,000 costs that document's read, not the KB's.
+
+Long because the scan, its memory of what it read and the readers of one document share ``ScannedDoc``'s layout.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
 import re
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kindex import config
-from kindex.errors import InvalidFileError, KBNotFoundError, NotAThemeError, PathNotInThemeError, UsageError
+from kindex.errors import (
+    InvalidFileError,
+    KBNotFoundError,
+    KindexError,
+    NotAThemeError,
+    PathNotInThemeError,
+    UsageError,
+)
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
 from kindex.globs import any_match
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
+from kindex.store import STATE_DIR, atomic_write
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
@@ -26,6 +45,12 @@ _UNREADABLE = "cannot be read"
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
 _BLANK_RUNS = re.compile(r"\n{3,}")
+SCAN_FILE = "scan.json"
+_SCAN_FORMAT = 1
+_MAX_SCAN_FILE_BYTES = 256 * 2**20
+_RACY_NS = 2 * 10**9
+"""A file changed less than this before it was read may change again within its file system's timestamp step
+(a tick, a second, two on FAT) without its stat signature changing: remembered, but read again next time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +105,13 @@ class Scan:
     stand_ins: set[str] = field(default_factory=set)
     """Documents :meth:`read_text` answered with the scan's excerpt (changed or unreadable since): what is made
     of that text must not be kept under the document's scanned digest."""
+    memory: _Memory | None = field(default=None, repr=False, compare=False)
+
+    def remember(self) -> None:
+        """Write what this scan read to ``.kindex/scan.json``, creating ``.kindex/`` if need be: a step calls it
+        once it has written the KB's index, so that the next scan reads only what changed (best effort)."""
+        if self.memory is not None:
+            self.memory.save(self.kb, create=True)
 
     @property
     def unreadable(self) -> bool:
@@ -149,17 +181,29 @@ def kb_folder(kb: str | os.PathLike[str], holds: str = "your Markdown files") ->
     return root.resolve()
 
 
-def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHARS) -> Scan:
+def scan(
+    kb: str | os.PathLike[str],
+    *,
+    excerpt_chars: int = DEFAULT_EXCERPT_CHARS,
+    reuse: bool = True,
+    read_again: str | None = None,
+) -> Scan:
     """Walk ``kb`` and return its documents; unusable files are listed in ``skipped`` with their reason.
 
     Documents matching the KB's ``exclude`` globs (``[index] exclude`` in ``kindex.toml``, or ``KINDEX_EXCLUDE``)
     are left out, so every step, ``validate`` and retrieval see the same documents.
+
+    A document whose size, modification and change times and inode are those of the last scan is taken from
+    ``.kindex/scan.json`` instead of being read, unless ``reuse`` is false or ``read_again`` names it or its
+    folder (KB-relative). What was read is remembered there when ``.kindex/`` exists (a KB kindex has indexed).
     """
     root = kb_folder(kb)
     if root == Path(root.anchor):
         # Every file of the machine: hours of walking before anything is said. No one's Markdown lives there.
         raise UsageError(f"'{kb}' is the file system's root: pass the folder that holds your Markdown files")
     exclude = config.excluded(root)
+    memory = _Memory.load(root, excerpt_chars, reuse)
+    again = None if read_again is None else read_again.strip("/")
     compiled: dict[str, Any] = {}
     skipped: list[Skipped] = []
     warnings: list[Skipped] = []
@@ -204,13 +248,15 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
             if rule is not None:
                 skipped.append(Skipped(path=rel, reason=f"excluded by the setting exclude ({rule})"))
                 continue
-            doc = _scan_file(root, rel, excerpt_chars, skipped, warnings)
+            fresh = again is not None and (again in ("", rel) or rel.startswith(again + "/"))
+            doc = _scan_file(root, rel, excerpt_chars, skipped, warnings, memory, trust=not fresh)
             if doc is None:
                 continue
             if doc.theme is None:
                 root_docs.append(doc)
             else:
                 themes.setdefault(doc.theme, []).append(doc)
+    memory.save(root, create=False)
     return Scan(
         kb=root,
         root_docs=tuple(sorted(root_docs, key=lambda d: d.rel)),
@@ -218,15 +264,24 @@ def scan(kb: str | os.PathLike[str], *, excerpt_chars: int = DEFAULT_EXCERPT_CHA
         skipped=tuple(skipped),
         warnings=tuple(warnings),
         excerpt_chars=excerpt_chars,
+        memory=memory,
     )
 
 
 def _scan_file(
-    root: Path, rel: str, excerpt_chars: int, skipped: list[Skipped], warnings: list[Skipped]
+    root: Path,
+    rel: str,
+    excerpt_chars: int,
+    skipped: list[Skipped],
+    warnings: list[Skipped],
+    memory: _Memory,
+    *,
+    trust: bool,
 ) -> ScannedDoc | None:
     path = root / rel
     try:  # a folder listed but not entered (read without execute permission) lets no file in it be looked at
-        if path.is_symlink():
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
             target = Path(os.path.realpath(path))
             if not target.is_relative_to(root):
                 skipped.append(Skipped(path=rel, reason="symlink points outside the knowledge folder: not followed"))
@@ -234,7 +289,7 @@ def _scan_file(
             if _hidden(target.relative_to(root)):
                 skipped.append(Skipped(path=rel, reason="symlink points to a hidden file or folder: not followed"))
                 return None
-        st = os.stat(path)
+            st = os.stat(path)
     except OSError as exc:
         skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
         return None
@@ -247,6 +302,14 @@ def _scan_file(
             Skipped(path=rel, reason=f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
         )
         return None
+    signature = (st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino)
+    if trust:
+        known = memory.get(rel, signature)
+        if known is not None:
+            doc, problem = known
+            if problem:
+                warnings.append(Skipped(path=rel, reason=problem))
+            return doc
     try:
         text, digest = _decode(path)
     except InvalidFileError as exc:
@@ -264,7 +327,7 @@ def _scan_file(
         skipped.append(Skipped(path=rel, reason="empty document: nothing to index"))
         return None
     theme = rel.split("/", 1)[0] if "/" in rel else None
-    return ScannedDoc(
+    doc = ScannedDoc(
         rel=rel,
         theme=theme,
         excerpt=body.strip()[:excerpt_chars],
@@ -272,6 +335,92 @@ def _scan_file(
         headings=headings_of(body),
         sha256=digest,
         chars=len(body),
+    )
+    memory.put(doc, signature, problem)
+    return doc
+
+
+class _Memory:
+    """What the scans of a KB read, by document: ``.kindex/scan.json``.
+
+    A row is trusted while the file's stat signature (modification and change times in ns, size, inode) is the one
+    it was read under: the change time cannot be set back by any tool (``touch``, ``cp -p``, ``git checkout``), and
+    an editor's save-by-rename changes the inode. A file changed within ``_RACY_NS`` of its read is read again
+    next time. The file is a cache anyone with write access to the KB could have replaced: a row of the wrong
+    shape discards it all (a scan reads every document, as without it).
+    """
+
+    def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]], reuse: bool) -> None:
+        self.excerpt_chars = excerpt_chars
+        self.rows = rows
+        self.reuse = reuse
+        self.seen: dict[str, list[Any]] = {}
+        self.changed = False
+
+    @classmethod
+    def load(cls, kb: Path, excerpt_chars: int, reuse: bool) -> _Memory:
+        rows: dict[str, list[Any]] = {}
+        try:
+            data = read_regular(kb / STATE_DIR / SCAN_FILE, _MAX_SCAN_FILE_BYTES)
+            obj = orjson.loads(data)
+            if (
+                type(obj) is dict
+                and obj.get("format") == _SCAN_FORMAT
+                and obj.get("excerpt_chars") == excerpt_chars
+                and type(obj.get("docs")) is dict
+                and all(_valid_row(row, excerpt_chars) for row in obj["docs"].values())
+            ):
+                rows = obj["docs"]
+        except (OSError, ValueError, InvalidFileError):  # missing, unreadable, too large or not JSON: read all
+            pass
+        return cls(excerpt_chars, rows, reuse)
+
+    def get(self, rel: str, signature: tuple[int, int, int, int]) -> tuple[ScannedDoc, str | None] | None:
+        """The remembered document at ``rel`` if its file still has ``signature``, and its frontmatter problem."""
+        row = self.rows.get(rel)
+        if not self.reuse or row is None or row[4] or tuple(row[:4]) != signature:
+            return None
+        self.seen[rel] = row
+        _, _, _, _, _, sha, excerpt, title, description, tags, paths, heads, chars, problem = row
+        theme = rel.split("/", 1)[0] if "/" in rel else None
+        signals = Signals(title=title, description=description, tags=tuple(tags), paths=tuple(paths))
+        doc = ScannedDoc(rel, theme, excerpt, signals, tuple(heads), sha, chars)
+        return doc, problem
+
+    def put(self, doc: ScannedDoc, signature: tuple[int, int, int, int], problem: str | None) -> None:
+        """Remember ``doc``, just read from a file of ``signature``."""
+        s = doc.signals
+        racy = time.time_ns() - max(signature[0], signature[1]) < _RACY_NS
+        row = [*signature, racy, doc.sha256, doc.excerpt, s.title, s.description]
+        row += [list(s.tags), list(s.paths), list(doc.headings), doc.chars, problem]
+        self.changed = self.changed or self.rows.get(doc.rel) != row
+        self.seen[doc.rel] = row
+
+    def save(self, kb: Path, *, create: bool) -> None:
+        """Write what this scan saw when it differs from what was remembered, if the KB has a ``.kindex/`` (or
+        ``create``: a KB a step has just indexed). Best effort: a read-only KB is read in full each time."""
+        if not (self.changed or self.seen.keys() != self.rows.keys()):
+            return
+        if not create and not (kb / STATE_DIR).is_dir():
+            return
+        data = orjson.dumps({"format": _SCAN_FORMAT, "excerpt_chars": self.excerpt_chars, "docs": self.seen})
+        if len(data) <= _MAX_SCAN_FILE_BYTES:
+            with contextlib.suppress(KindexError, OSError):
+                atomic_write(kb / STATE_DIR / SCAN_FILE, data)
+                self.rows, self.changed = dict(self.seen), False
+
+
+def _valid_row(row: object, excerpt_chars: int) -> bool:
+    return (
+        type(row) is list
+        and len(row) == 14
+        and all(type(x) is int for x in row[:4])
+        and type(row[4]) is bool
+        and all(type(x) is str for x in row[5:9])
+        and len(row[6]) <= excerpt_chars
+        and all(type(x) is list and all(type(y) is str for y in x) for x in row[9:12])
+        and type(row[12]) is int
+        and (row[13] is None or type(row[13]) is str)
     )
 
 

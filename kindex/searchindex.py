@@ -360,26 +360,33 @@ def build(
 
     The vocabulary grows with the KB: terms of a changed document's entry are added, and documents analysed before
     a term existed keep their postings (they still match by the term's words) until a full rebuild, which happens
-    when the analyzer changes or no previous index is given.
+    when the analyzer changes or no previous index is given. An unchanged document's names are in ``previous``'s
+    vocabulary already: only the changed ones' are looked at, so one edited document costs its own analysis.
     """
+    old_docs = previous.docs if previous is not None else ()
+    old_at = {d.path: i for i, d in enumerate(old_docs)}
+    keys = [_key(src) for src in sources]
+    # Where each source's unchanged postings are in ``previous`` (None: it is analysed afresh).
+    kept: list[int | None] = []
+    for src, key in zip(sources, keys, strict=True):
+        old = old_at.get(src.path)
+        kept.append(old if old is not None and old_docs[old].key == key else None)
     names: list[str] = []
     for t in themes:
         names.extend((t.item.title, *t.item.tags))
-    for s in sources:
-        names.extend((s.item.title, *s.item.tags, *s.headings))
+    for src, old in zip(sources, kept, strict=True):
+        if old is None:
+            names.extend((src.item.title, *src.item.tags, *src.headings))
     vocab = vocabulary(names)
     if previous is not None:
         vocab = vocab | previous.vocab
-    old_at = {d.path: i for i, d in enumerate(previous.docs)} if previous is not None else {}
-    mapping = np.full(len(previous.docs) if previous is not None else 0, -1, dtype=np.int32)
+    mapping = np.full(len(old_docs), -1, dtype=np.int32)
     records: list[DocRecord] = []
     lengths = np.zeros((len(sources), len(FIELDS)), dtype=np.float32)
     fresh: dict[str, list[tuple[int, dict[int, float]]]] = {f: [] for f in FIELDS}
     hashes: dict[str, int] = {}
-    for i, src in enumerate(sources):
-        key = _key(src)
-        old = old_at.get(src.path)
-        if previous is not None and old is not None and previous.docs[old].key == key:
+    for i, (src, key, old) in enumerate(zip(sources, keys, kept, strict=True)):
+        if old is not None and previous is not None:
             mapping[old] = i
             lengths[i] = previous.lengths[old]
         else:
@@ -398,7 +405,10 @@ def build(
         records.append(DocRecord(src.path, src.theme, src.item.to_dict(), key))
     empty = FieldTable.empty()
     fields = {f: FieldTable.merge(previous.fields[f] if previous else empty, mapping, fresh[f]) for f in FIELDS}
-    theme_terms = tuple(_theme_terms(t, vocab) for t in themes)
+    known: dict[ThemeRecord, Mapping[str, int]] = {}
+    if previous is not None and previous.vocab == vocab:  # its theme terms were cut with the same vocabulary
+        known = dict(zip(previous.themes, previous.theme_terms, strict=True))
+    theme_terms = tuple(known.get(t) or _theme_terms(t, vocab) for t in themes)
     return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature, theme_terms)
 
 

@@ -1,14 +1,21 @@
 from __future__ import annotations
 
+import importlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 import kindex
 from kindex import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.scan import scan
 from kindex.store import read_index
+
+SCAN: Any = importlib.import_module("kindex.scan")  # the module: `kindex.scan` is the function
 
 
 def write(path: Path, text: str | bytes) -> None:
@@ -434,3 +441,141 @@ def test_a_stand_in_excerpt_is_not_kept_as_the_documents_body(tmp_path: Path, mo
     doc.write_bytes(original)
     assert kindex.reindex(kb, options).written == ()  # nothing looks changed
     assert [h.path for h in kindex.search(kb, "standby database replica", min_relevance=0)] == ["ops/runbook.md"]
+
+
+# -- the scan's memory of what it read (.kindex/scan.json) -------------------------------------------------------
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The documents read from disk (by the scan and by a step), in order; files older than a timestamp step."""
+    monkeypatch.setattr(SCAN, "_RACY_NS", 0)  # a test's files are all fresh: none would be trusted
+    real: Callable[[Path], tuple[str, str]] = SCAN._decode
+    seen: list[str] = []
+
+    def counting(path: Path) -> tuple[str, str]:
+        seen.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(SCAN, "_decode", counting)
+    return seen
+
+
+def _memory_kb(tmp_path: Path) -> Path:
+    kb = tmp_path / "kb"
+    write(kb / "导读.md", "# 导读\n\n欢迎。")
+    for i in range(4):
+        text = f"---\ntitle: 文档{i}\ntags: [账单]\n---\n# 标题{i}\n\n## 小节\n\n正文{i}。"
+        write(kb / "billing" / f"doc{i}.md", text)
+    (kb / ".kindex").mkdir()
+    return kb
+
+
+def test_a_second_scan_reads_no_unchanged_document_and_sees_the_same(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    first = scan(kb)
+    assert len(reads) == 5 and (kb / ".kindex" / "scan.json").is_file()
+    reads.clear()
+    again = scan(kb)
+    assert reads == [] and again.documents == first.documents
+    assert again.documents[1].signals.tags == ("账单",) and again.documents[1].headings == ("标题0", "小节")
+
+
+def test_a_changed_document_is_read_again(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    scan(kb)
+    doc = kb / "billing" / "doc2.md"
+    stamp = doc.stat()
+    write(doc, doc.read_text(encoding="utf-8").replace("正文2", "改过2"))  # same size
+    os.utime(doc, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # and the old modification time, as `cp -p` keeps it
+    memory = kb / ".kindex" / "scan.json"
+    rows = orjson.loads(memory.read_bytes())
+    assert doc.stat().st_size == rows["docs"]["billing/doc2.md"][2]
+    # Its change time may fall in the same clock tick as the scan's read: the test makes the remembered one older.
+    rows["docs"]["billing/doc2.md"][1] -= 1
+    memory.write_bytes(orjson.dumps(rows))
+    reads.clear()
+    again = scan(kb)
+    assert reads == ["doc2.md"]
+    assert again.documents == scan(kb, reuse=False).documents
+    assert "改过2" in next(d for d in again.documents if d.rel == "billing/doc2.md").excerpt
+
+
+def test_a_just_changed_file_is_read_again_next_time(
+    tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SCAN, "_RACY_NS", 10**18)  # every file changed "just now": within a timestamp step
+    kb = _memory_kb(tmp_path)
+    SCAN.scan(kb)
+    reads.clear()
+    SCAN.scan(kb)
+    assert len(reads) == 5
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"not json",
+        b"[]",
+        b'{"format": 1, "excerpt_chars": 1200, "docs": {"billing/doc0.md": [1, 2, 3]}}',
+        b'{"format": 99, "excerpt_chars": 1200, "docs": {}}',
+        b"[" * 100_000,
+        "wrong types",
+        "excerpt too long",
+        "fifo",
+    ],
+)
+def test_a_damaged_memory_means_every_document_is_read(tmp_path: Path, reads: list[str], damage: bytes | str) -> None:
+    kb = _memory_kb(tmp_path)
+    truth = scan(kb, reuse=False).documents
+    memory = kb / ".kindex" / "scan.json"
+    rows = orjson.loads(memory.read_bytes())
+    row = rows["docs"]["billing/doc1.md"]
+    if damage == "wrong types":
+        row[9] = [1]  # tags
+    elif damage == "excerpt too long":
+        row[6] = "假" * 1201
+    if isinstance(damage, bytes):
+        memory.write_bytes(damage)
+    elif damage == "fifo":
+        memory.unlink()
+        os.mkfifo(memory)
+    else:
+        memory.write_bytes(orjson.dumps(rows))
+    reads.clear()
+    assert scan(kb).documents == truth and len(reads) == 5
+
+
+def test_other_excerpt_lengths_and_no_state_folder(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    scan(kb)
+    reads.clear()
+    assert all(len(d.excerpt) <= 3 for d in scan(kb, excerpt_chars=3).documents) and len(reads) == 5
+    other = tmp_path / "other"
+    write(other / "a.md", "# a")
+    scan(other)
+    assert not (other / ".kindex").exists()  # a folder never indexed gets no state of kindex's from a scan
+
+
+def test_a_deleted_document_is_forgotten(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    scan(kb)
+    (kb / "billing" / "doc3.md").unlink()
+    scan(kb)
+    assert "billing/doc3.md" not in orjson.loads((kb / ".kindex" / "scan.json").read_bytes())["docs"]
+
+
+def test_a_doc_step_reads_only_its_document(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    kindex.reindex(kb)
+    reads.clear()
+    kindex.doc(kb, "billing", "doc1.md")
+    assert set(reads) == {"doc1.md"}  # read whatever the scan remembers: the step is about it
+    write(kb / "billing" / "doc2.md", "# 改写的标题\n\n新的正文，说的是海外退款。")
+    reads.clear()
+    report = kindex.doc(kb, "billing", "doc2.md")
+    assert set(reads) == {"doc2.md"} and report.documents_read == 1
+    assert [h.path for h in kindex.search(kb, "海外退款")][:1] == ["billing/doc2.md"]
+    reads.clear()
+    kindex.reindex(kb, kindex.Options(force=True))
+    assert len(reads) >= 5  # force reads every document afresh

@@ -283,6 +283,40 @@ def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch
     assert analysed == ["billing/自动续费.md"]  # nothing changed since: nothing analysed again
 
 
+def test_a_doc_step_gives_the_tables_a_whole_build_gives(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A doc step cuts only the edited document's names into vocabulary terms (the others' are in the saved
+    # vocabulary) and keeps the theme terms: the tables must be those of a build from scratch.
+    looked_at: list[str] = []
+    real = vocabulary
+
+    def spy(phrases: Any) -> frozenset[str]:
+        phrases = list(phrases)
+        looked_at.extend(phrases)
+        return real(phrases)
+
+    monkeypatch.setattr(searchindex, "vocabulary", spy)
+    doc = indexed / "billing" / "自动续费.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n## 企业采购流程\n\n先审批再付款。\n", encoding="utf-8")
+    kindex.doc(indexed, "billing", "自动续费.md")
+    assert "企业采购流程" in looked_at and "退款政策" not in looked_at  # another document's title
+    stepped = searchindex.load(indexed)
+    (indexed / ".kindex" / "search.npz").unlink()
+    searchindex.update(indexed, scan(indexed))
+    whole = searchindex.load(indexed)
+    assert stepped is not None and whole is not None
+    assert "企业采购流程" in whole.vocab and stepped.vocab == whole.vocab
+    assert stepped.theme_terms == whole.theme_terms and stepped.docs == whole.docs
+    for name in searchindex.FIELDS:  # the same postings (a merge may list a term's documents in another order)
+        a, b = stepped.fields[name], whole.fields[name]
+        assert (a.hashes == b.hashes).all() and (a.offsets == b.offsets).all(), name
+        for i in range(len(a.hashes)):
+            span = slice(a.offsets[i], a.offsets[i + 1])
+            assert sorted(zip(a.docs[span], a.tfs[span], strict=True)) == sorted(
+                zip(b.docs[span], b.tfs[span], strict=True)
+            ), name
+    assert (stepped.lengths == whole.lengths).all()
+
+
 def test_a_cold_load_analyses_only_the_question(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The theme entries' terms are saved with the tables: analysing them at load built the full segmenter in
     # every process that answered one question on a KB with many themes.

@@ -55,7 +55,9 @@ def model_opts(f: F) -> F:
             show_default=True,
             help="Characters of each document shown to the model.",
         ),
-        click.option("--force", is_flag=True, help="Ignore cached answers and ask the model again."),
+        click.option(
+            "--force", is_flag=True, help="Ignore cached answers and ask the model again; read every document afresh."
+        ),
         click.option("--wait", type=float, default=0.0, show_default=True, help="Seconds to wait for another writer."),
         json_opt,
     ]
