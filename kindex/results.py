@@ -132,7 +132,7 @@ class ContextItem(Result):
     score: float
     title: str
     abstract: str
-    reason: str = Field(description="`matched`, `scope glob <glob>` or `fallback`.")
+    reason: str = Field(description="`matched`, `path in the message`, `scope glob <glob>` or `fallback`.")
     matched: tuple[str, ...] = ()
     truncated: bool = False
     tokens: int = 0

@@ -117,6 +117,9 @@ the sixth session every name weighed double, and a page mentioning Linux or Exce
 about them. Dev (696 questions, 550 messages): 15 more off-topic messages fall back, one on-topic question more
 (``怎么删掉某个 host 的数据``)."""
 THEME_PRIOR = 0.3
+MATCHED = "matched"
+NAMED = "path in the message"
+"""Why a document a message names by its path (``tutorial/cors.md``) is served: first, on topic or not."""
 ENTRY_BOOST = 0.25
 MAX_ABSENT_ROWS = 20_000
 MAX_ABSENT_TERM = 32
@@ -241,6 +244,9 @@ class _Loaded:
     skill_library: bool
     matchers: dict[str, Any] = field(default_factory=dict)
     """The compiled ``paths`` globs of this index, filled on first use."""
+    folded: dict[str, int] | None = None
+    """Unconditional documents by case-folded path, and by file name where one document has it (-1 where several
+    do): how a path written in a message names a document (:func:`_named`); made on first use."""
 
 
 MAX_WARNINGS = 10
@@ -818,9 +824,16 @@ class _Hit:
         )
 
 
-def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: float, limit: int) -> list[_Hit]:
-    """Rules for the files in scope first, then the documents the question is about (none when off topic)."""
+def _rank(
+    loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: float, limit: int, written: list[str]
+) -> list[_Hit]:
+    """The documents the message names by path first, then rules for the files in scope, then the documents the
+    question is about (none when off topic)."""
     hits: list[_Hit] = []
+    named = _named(loaded, written)
+    for idx in named:
+        doc = loaded.index.docs[idx]
+        hits.append(_Hit(idx, doc.path, "document", doc.entry, float(scored.scores[idx]), NAMED))
     if scope:
         matched = [
             (idx, glob) for idx, globs in loaded.globs.items() if (glob := any_match(globs, scope, loaded.matchers))
@@ -831,6 +844,8 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
+    if named:
+        candidates = np.setdiff1d(candidates, named, assume_unique=True)
     if scored.on_topic(candidates, min_relevance):
         t_scores, _, _ = _theme_scores(loaded, scored)
         # The prior added to every document, then the candidates' picked: one gather of them, not three.
@@ -842,7 +857,7 @@ def _rank(loaded: _Loaded, scored: _Scored, scope: list[str], min_relevance: flo
         for i in order.tolist():
             idx = int(candidates[i])
             doc = loaded.index.docs[idx]
-            hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), "matched"))
+            hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), MATCHED))
     return hits
 
 
@@ -875,8 +890,39 @@ def _message(message: object) -> str:
     return message
 
 
-def _scope(message: str, paths: Sequence[str]) -> list[str]:
-    return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + paths_in_text(_bounded(message))[:MAX_PATHS]
+def _scope(message: str, paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The paths in scope (attachments, then those the message writes), and those the message writes."""
+    written = paths_in_text(_bounded(message))[:MAX_PATHS]
+    return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + written, written
+
+
+def _named(loaded: _Loaded, written: list[str]) -> list[int]:
+    """The unconditional documents that paths written in the message name: a document's path, or a longer path
+    ending in it at a folder (``docs/zh/tutorial/cors.md`` from the repository's root), or a bare file name only
+    one document has, letter case aside. An attachment path is the user's own file, not a pointer into the KB;
+    a conditional document enters through its globs only (SPEC §6.4)."""
+    if not written:
+        return []
+    if loaded.folded is None:
+        folded: dict[str, int] = {}
+        for i, doc in enumerate(loaded.index.docs):
+            if loaded.unconditional[i]:
+                name = doc.path.rpartition("/")[2].casefold()
+                folded[name] = -1 if name in folded else i
+        for i, doc in enumerate(loaded.index.docs):
+            if loaded.unconditional[i]:
+                folded[doc.path.casefold()] = i
+        loaded.folded = folded
+    out: list[int] = []
+    for path in written:
+        key = path.casefold()
+        idx = loaded.folded.get(key, -1)
+        while idx < 0 and "/" in key:
+            key = key.partition("/")[2]
+            idx = loaded.folded.get(key, -1) if "/" in key else -1  # a folder's bare file name names nothing
+        if idx >= 0 and idx not in out:
+            out.append(idx)
+    return out
 
 
 # Results are built unvalidated (``model_construct``, :func:`context_item`): every field comes from kindex's own
@@ -937,12 +983,13 @@ class Retriever:
         message, paths = _message(message), _texts("paths", paths)
         loaded = self.loaded()
         scored = _scored(loaded, message)
-        hits = _rank(loaded, scored, _scope(message, paths), min_relevance, loaded.n if limit is None else limit)
+        scope, written = _scope(message, paths)
+        hits = _rank(loaded, scored, scope, min_relevance, loaded.n if limit is None else limit, written)
         held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
         items = [h.item(scored.shown(m)) for h, m in zip(hits, held, strict=True)]
         if themes and loaded.index.themes:
             t_scores, t_cover, t_subjects = _theme_scores(loaded, scored)
-            on_topic = any(h.reason == "matched" for h in hits)
+            on_topic = any(h.reason == MATCHED for h in hits)
             relevant = (t_cover >= min_relevance) & (scored.known | (t_subjects >= MIN_SUBJECT))
             for i in np.nonzero(t_scores[:-1] > 0)[0].tolist():
                 if on_topic or not min_relevance or relevant[i]:
@@ -956,11 +1003,11 @@ class Retriever:
                             score=float(t_scores[i]),
                             title=t.item.title,
                             abstract=t.item.summary,
-                            reason="matched",
+                            reason=MATCHED,
                             matched=matched,
                         )
                     )
-            items.sort(key=lambda it: (it.reason == "matched", -it.score, it.path))
+            items.sort(key=lambda it: (it.reason == MATCHED, -it.score, it.path))
         return items if limit is None else items[:limit]
 
     def context(
@@ -994,9 +1041,10 @@ class Retriever:
         root = self.root
         loaded = self.loaded()
         scored = _scored(loaded, message)
-        hits = _rank(loaded, scored, _scope(message, paths), min_relevance, max(4 * max_docs, 16))
-        fallback = not any(h.reason == "matched" for h in hits)
-        reason = "matched the question"
+        scope, written = _scope(message, paths)
+        hits = _rank(loaded, scored, scope, min_relevance, max(4 * max_docs, 16), written)
+        fallback = not any(h.reason in (MATCHED, NAMED) for h in hits)
+        reason = "matched the question" if any(h.reason == MATCHED for h in hits) else "the documents the message names"
         if fallback:
             reason = "no document matched the question: overview documents"
             hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))

@@ -992,3 +992,39 @@ def test_a_thematic_break_is_no_list_item_that_keeps_a_fence_open() -> None:
     # "- - -" read as a list item kept the indented fence after it open past its closing fence at column 0, and
     # every later heading was hidden.
     assert kindex.markdown.headings("- - -\n  ```\n  code\n```\n\n# Real\n\n## Later\n") == ("Real", "Later")
+
+
+@pytest.mark.parametrize(
+    ("message", "first"),
+    [
+        ("billing/退款政策.md", "billing/退款政策.md"),
+        ("看一下 docs/kb/billing/退款政策.md 这篇", "billing/退款政策.md"),  # from the repository's root
+        ("rate-limits.md", "developer/rate-limits.md"),  # a file name one document has
+        ("DEVELOPER/RATE-LIMITS.MD", "developer/rate-limits.md"),
+        ("今天天气怎么样 sync/离线模式.md", "sync/离线模式.md"),  # named: served though the words are off topic
+    ],
+)
+def test_a_document_named_by_its_path_comes_first(indexed: Path, message: str, first: str) -> None:
+    # A message holding a document's path ranked it by the path's words: `tutorial/cors.md` got the middleware page.
+    hits = kindex.search(indexed, message)
+    assert (hits[0].path, hits[0].reason) == (first, "path in the message")
+    assert [h.path for h in hits].count(first) == 1
+    ctx = kindex.build_context(indexed, message)
+    assert ctx.items[0].path == first and not ctx.fallback
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "other/rate-limits.md",  # another folder's file of that name
+        "前端组件编码规范.md",  # a conditional document: its globs decide (SPEC §6.4)
+        "今天天气怎么样 notes/离线模式.txt",
+    ],
+)
+def test_paths_that_name_no_document(indexed: Path, message: str) -> None:
+    assert all(h.reason != "path in the message" for h in kindex.search(indexed, message, min_relevance=0))
+
+
+def test_an_attachment_path_names_no_document(indexed: Path) -> None:
+    ctx = kindex.build_context(indexed, "今天天气怎么样", paths=["sync/离线模式.md"])
+    assert ctx.fallback and all(i.path != "sync/离线模式.md" for i in ctx.items)
