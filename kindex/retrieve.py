@@ -800,6 +800,9 @@ class _Hit:
     """The entry's JSON form: only a served hit's title and summary are read from it."""
     score: float
     reason: str
+    read: tuple[str, bool] | None = None
+    """The text already read (:func:`_readable`): a fallback document is read once, to tell that it says
+    something and to serve it."""
 
     @property
     def title(self) -> str:
@@ -1087,11 +1090,11 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     out: list[_Hit] = []
     for name in names:
         name = normalize_path(name)
-        if name in seen or not _has_text(root, name):
+        if name in seen or (read := _readable(root, name)) is None:
             continue
         idx = loaded.by_path.get(name, -1)
         entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
-        out.append(_Hit(idx, name, "document", entry, 0.0, "fallback"))
+        out.append(_Hit(idx, name, "document", entry, 0.0, "fallback", read))
         seen.add(name)
     if out:
         return out
@@ -1100,18 +1103,18 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     except OSError:
         readme = []
     for name in readme:
-        if name not in seen and _has_text(root, name):
+        if name not in seen and (read := _readable(root, name)) is not None:
             idx = loaded.by_path.get(name, -1)
             entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
-            return [_Hit(idx, name, "document", entry, 0.0, "fallback")]
+            return [_Hit(idx, name, "document", entry, 0.0, "fallback", read)]
     return [_overview_hit()]
 
 
-def _has_text(root: Path, name: str) -> bool:
-    """Whether ``name`` can be served and says something: an overview document that is empty, or only a licence
-    comment, would hand the agent a header and nothing else."""
+def _readable(root: Path, name: str) -> tuple[str, bool] | None:
+    """``name``'s text as served (see :func:`document_start`) when it can be served and says something: an overview
+    document that is empty, or only a licence comment, would hand the agent a header and nothing else."""
     got = document_start(root, name, MAX_FIT_CHARS)
-    return got is not None and visible(got[0])
+    return got if got is not None and visible(got[0]) else None
 
 
 def _overview_text(loaded: _Loaded) -> str:
@@ -1142,11 +1145,10 @@ def _assemble(
     for hit in hits:
         if len(items) >= max_docs:
             break
-        got = (
-            (_overview_text(loaded), False)
-            if hit.level == "overview"
-            else document_start(root, hit.path, MAX_FIT_CHARS)
-        )
+        if hit.level == "overview":
+            got: tuple[str, bool] | None = (_overview_text(loaded), False)
+        else:
+            got = hit.read or document_start(root, hit.path, MAX_FIT_CHARS)
         if got is None:
             missing.append(hit.path)
             continue

@@ -24,6 +24,7 @@ import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
 from kindex.cli import main
 from kindex.fitting import cut_to_budget, fit_to_budget
+from kindex.scan import document_start
 from kindex.store import write_index
 from kindex.tokenize import estimate_tokens
 
@@ -1028,3 +1029,18 @@ def test_paths_that_name_no_document(indexed: Path, message: str) -> None:
 def test_an_attachment_path_names_no_document(indexed: Path) -> None:
     ctx = kindex.build_context(indexed, "今天天气怎么样", paths=["sync/离线模式.md"])
     assert ctx.fallback and all(i.path != "sync/离线模式.md" for i in ctx.items)
+
+
+def test_a_fallback_document_is_read_once(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was read to tell that it says something, then again to serve it: two reads of a page per off-topic message.
+    real = document_start
+    read: list[str] = []
+
+    def counting(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:
+        read.append(rel)
+        return real(kb, rel, max_chars)
+
+    monkeypatch.setattr(kindex.retrieve, "document_start", counting)
+    ctx = kindex.build_context(indexed, "今天天气怎么样")
+    assert ctx.fallback and [i.path for i in ctx.items] == ["导读.md", "00-总则与功能导航.md"]
+    assert sorted(read) == sorted(i.path for i in ctx.items)
