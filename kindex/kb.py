@@ -367,6 +367,15 @@ def check_agent_id(agent_id: str) -> None:
         raise UsageError("agent_id must be 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
 
 
+def without_root(message: str, kb_root: Path) -> str:
+    """``message`` without the path of ``kb_root`` (as given and resolved): an agent's folder named from the agents'
+    folder, that folder itself as "the agents' folder". What a service's tenants read holds no path of its machine;
+    a worker started on a path of its own words its task errors so before it records them."""
+    for root in dict.fromkeys((str(kb_root), str(kb_root.resolve()))):
+        message = message.replace(f"{root}/", "").replace(root, "the agents' folder")
+    return message
+
+
 def agent_folder(kb_root: Path, agent_id: str) -> Path:
     """The knowledge folder of ``agent_id`` under ``kb_root``: :class:`UsageError` for an id that cannot be one,
     :class:`KBNotFoundError` when the agent has no folder. A symlink counts only if it leads to a folder directly

@@ -81,7 +81,7 @@ class Cluster:
                 return httpx.Client(base_url=m.group(1), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
         raise AssertionError(f"replica exited with {proc.wait()}")
 
-    def worker(self, name: str, *extra: str) -> subprocess.Popen[str]:
+    def worker(self, name: str, *extra: str, root: Path | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -89,7 +89,7 @@ class Cluster:
                 "kindex.cli",
                 "worker",
                 "--kb-root",
-                str(self.root),
+                str(root or self.root),
                 "--queue",
                 self.redis.url,
                 "--name",
@@ -334,6 +334,39 @@ def test_a_step_that_cannot_start_fails_and_frees_its_agent(cluster: Cluster) ->
     store.delete("kindex:lease:agent1")
     r = api.post("/v1/agents/agent1/knowledge/reindex")  # the agent is free again, and the worker alive
     assert r.status_code == 200 and r.json()["calls"] == DOCS_CALLS, r.text
+
+
+def test_a_worker_on_another_path_records_errors_without_it(cluster: Cluster, tmp_path: Path) -> None:
+    # The replicas take their own --kb-root out of a task's error; a worker on another machine, where the shared
+    # folder is mounted at another path, recorded its path, and tenants read it.
+    elsewhere = tmp_path / "mnt" / "agents-on-the-worker"
+    shutil.copytree(cluster.root, elsewhere)  # the same folder as that machine sees it
+    api = cluster.api()
+    cluster.worker("w1", root=elsewhere)
+    workers_ready(api, {"w1"})
+    (elsewhere / "agent1" / ".kindex").mkdir(exist_ok=True)
+    (elsewhere / "agent1" / ".kindex" / "answers.sqlite").mkdir()
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    end = finished(api, task_id)
+    assert end["state"] == "failed", end
+    assert end["error"]["message"].startswith("agent1/.kindex/answers.sqlite is not a regular file"), end
+    assert str(tmp_path) not in end["error"]["message"]
+
+
+def test_a_worker_missing_the_agents_folder_says_so_without_its_path(cluster: Cluster, tmp_path: Path) -> None:
+    other = tmp_path / "worker-root"
+    (other / "someone-else").mkdir(parents=True)
+    api = cluster.api()
+    cluster.worker("w1", root=other)
+    workers_ready(api, {"w1"})
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    end = finished(api, task_id)
+    assert end["state"] == "failed" and end["error"]["code"] == "kb_not_found", end
+    assert end["error"]["message"] == (
+        "agent 'agent1' has no knowledge folder under the --kb-root of worker w1 (its log names the path): start "
+        "every worker on the agents' folder the API replicas serve"
+    )
+    until(lambda: any(str(other) in line for line in cluster.logs["w1"]), "the worker's log to name its path")
 
 
 def test_cancel_lands_while_a_step_waits_for_the_shared_limit(cluster: Cluster) -> None:

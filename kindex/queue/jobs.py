@@ -222,13 +222,13 @@ class JobStore:
             )
         return self.get(task_id)
 
-    def fail(self, task_id: str, agent_id: str, error: KindexError) -> None:
+    def fail(self, task_id: str, agent_id: str, error: ErrorBody) -> None:
         """Mark a task that could not be queued (or could not start) as failed, and free its agent (best effort:
         Redis may be down)."""
         keys = [self.key("task", task_id), self.key("busy", agent_id), self.key("set", "active")]
         # The record stays queued; DELETE /v1/tasks/{id} frees the agent.
         with contextlib.suppress(redis.exceptions.RedisError):
-            self._fail(keys=keys, args=[task_id, RECORD_TTL, *_flat(finished(error_body(error)))])
+            self._fail(keys=keys, args=[task_id, RECORD_TTL, *_flat(finished(error))])
 
     def active(self) -> int:
         with reaching():

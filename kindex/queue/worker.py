@@ -34,12 +34,12 @@ from celery.exceptions import Reject, Retry
 from kindex.errors import CancelledRun, InternalError, KBNotFoundError, KindexError
 from kindex.generate import Progress
 from kindex.jsonlog import LOG_CONFIG
-from kindex.kb import KnowledgeBase, agent_folder
+from kindex.kb import KnowledgeBase, agent_folder, without_root
 from kindex.llm import LiteLLMClient, LLMClient, LLMSettings, check_model, import_litellm
 from kindex.queue.broker import DEFAULT_REDELIVER_AFTER, QUEUE, TASK, make_app
 from kindex.queue.jobs import JobStore, Lease, error_body, finished, redact, step_of
 from kindex.queue.ratelimit import LimitedClient, ModelLimit, SharedLimit, limit_for
-from kindex.results import TERMINAL_STATES
+from kindex.results import TERMINAL_STATES, ErrorBody
 
 log = logging.getLogger("kindex.worker")
 
@@ -97,7 +97,7 @@ class StepRunner:
             rec: dict[str, str] = {}
             with contextlib.suppress(KindexError):
                 rec = self.store.record(task_id) or {}
-            self.store.fail(task_id, rec.get("agent_id", ""), error)
+            self.store.fail(task_id, rec.get("agent_id", ""), self._error(error))
             return "failed"
 
     def _execute(self, task_id: str, retry: Callable[[float], Exception]) -> str:
@@ -165,11 +165,11 @@ class StepRunner:
                 lease.write({**base, "state": "queued"})
                 log.info("worker stopping: step handed back to the queue", extra=ctx)
                 raise Reject("the worker is stopping", requeue=True) from None
-            self._end(lease, {**base, **finished(error_body(exc), state="cancelled")})
+            self._end(lease, {**base, **finished(self._error(exc), state="cancelled")})
             log.info("step cancelled", extra=ctx)
             return "cancelled"
         except KindexError as exc:
-            self._end(lease, {**base, **finished(error_body(exc))})
+            self._end(lease, {**base, **finished(self._error(exc))})
             log.warning("step failed: %s", exc.message, extra=ctx)
             return "failed"
         except Exception:
@@ -195,13 +195,20 @@ class StepRunner:
                     return
                 time.sleep(0.5)
 
+    def _error(self, error: KindexError) -> ErrorBody:
+        """``error`` as the task record keeps it: without this worker's ``--kb-root``, which the API replicas, on
+        another path or machine, could not take out (the worker's log keeps the whole message)."""
+        body = error_body(error)
+        return body.model_copy(update={"message": without_root(body.message, self.config.kb_root)})
+
     def _folder(self, agent_id: str) -> Path:
         try:
             return agent_folder(self.config.kb_root, agent_id)
         except KBNotFoundError:
+            log.warning("agent %r has no folder under --kb-root %s", agent_id, self.config.kb_root)
             raise KBNotFoundError(
-                f"agent {agent_id!r} has no knowledge folder under worker {self.config.name}'s --kb-root "
-                f"{self.config.kb_root}: start every worker on the agents' folder the API replicas serve"
+                f"agent {agent_id!r} has no knowledge folder under the --kb-root of worker {self.config.name} (its "
+                "log names the path): start every worker on the agents' folder the API replicas serve"
             ) from None
 
     def _client(self, kb: KnowledgeBase, cancel: threading.Event) -> LLMClient | None:

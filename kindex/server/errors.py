@@ -27,7 +27,7 @@ from kindex.errors import (
     UnauthorizedError,
     UsageError,
 )
-from kindex.kb import AGENT_ID
+from kindex.kb import AGENT_ID, without_root
 from kindex.server import schemas
 from kindex.server.logs import log_access
 
@@ -42,7 +42,7 @@ _CLI_ADVICE = re.compile(r"`kindex (reindex|root|sub|doc)[^`]{0,300}`")
 def for_http(message: str, root: Path, agent_id: str | None) -> str:
     """A core error message as an HTTP client should read it: paths relative to the agents' folder, no process id
     or host name of the server, and the route to call instead of the command to type."""
-    message = message[:2000].replace(f"{root}/", "").replace(str(root), "the agents' folder")
+    message = without_root(message[:2000], root)
     message = _PID_HOST.sub("", message)
     agent = agent_id if isinstance(agent_id, str) and AGENT_ID.fullmatch(agent_id) else "{agent_id}"
     routes = {"reindex": "reindex", "root": "reindex/root", "sub": "reindex/sub", "doc": "reindex/sub/doc"}

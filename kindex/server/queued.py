@@ -16,7 +16,7 @@ import redis.exceptions
 from kindex.errors import QueueUnavailableError, TaskNotFoundError, UsageError
 from kindex.kb import KnowledgeBase, Step
 from kindex.queue.broker import QUEUE, TASK, make_app
-from kindex.queue.jobs import JobStore, reaching, redact
+from kindex.queue.jobs import JobStore, error_body, reaching, redact
 from kindex.results import TERMINAL_STATES, TaskModel
 
 log = logging.getLogger("kindex.server")
@@ -51,7 +51,7 @@ class QueuedTasks:
         try:
             await asyncio.to_thread(self._publish, task.id)
         except QueueUnavailableError as exc:
-            await asyncio.to_thread(self.store.fail, task.id, agent_id, exc)
+            await asyncio.to_thread(self.store.fail, task.id, agent_id, error_body(exc))
             raise
         return task
 
