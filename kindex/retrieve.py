@@ -45,7 +45,7 @@ from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGE
 from kindex.errors import UsageError
 from kindex.files import regular_file
 from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
-from kindex.globs import any_match, normalize_path, paths_in_text
+from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_start, kb_folder
@@ -918,11 +918,13 @@ def _named(loaded: _Loaded, written: list[str]) -> list[int]:
         loaded.folded = folded
     out: list[int] = []
     for path in written:
-        key = path.casefold()
-        idx = loaded.folded.get(key, -1)
-        while idx < 0 and "/" in key:
-            key = key.partition("/")[2]
-            idx = loaded.folded.get(key, -1) if "/" in key else -1  # a folder's bare file name names nothing
+        if len(path) > MAX_PATH_CHARS:
+            continue  # no document's path is longer
+        parts = path.casefold().split("/")[-MAX_PATH_SEGMENTS:]
+        # The whole path, then shorter endings down to a folder and a file (a bare file name of a folder's names
+        # nothing): at most MAX_PATH_SEGMENTS lookups of at most MAX_PATH_CHARS each.
+        keys = ["/".join(parts[i:]) for i in range(max(len(parts) - 1, 1))]
+        idx = next((i for key in keys if (i := loaded.folded.get(key, -1)) >= 0), -1)
         if idx >= 0 and idx not in out:
             out.append(idx)
     return out

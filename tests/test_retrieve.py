@@ -1003,6 +1003,7 @@ def test_a_thematic_break_is_no_list_item_that_keeps_a_fence_open() -> None:
         ("rate-limits.md", "developer/rate-limits.md"),  # a file name one document has
         ("DEVELOPER/RATE-LIMITS.MD", "developer/rate-limits.md"),
         ("今天天气怎么样 sync/离线模式.md", "sync/离线模式.md"),  # named: served though the words are off topic
+        ("a/" * 1000 + "billing/退款政策.md", "billing/退款政策.md"),  # its last 64 folders are looked at
     ],
 )
 def test_a_document_named_by_its_path_comes_first(indexed: Path, message: str, first: str) -> None:
@@ -1020,6 +1021,7 @@ def test_a_document_named_by_its_path_comes_first(indexed: Path, message: str, f
         "other/rate-limits.md",  # another folder's file of that name
         "前端组件编码规范.md",  # a conditional document: its globs decide (SPEC §6.4)
         "今天天气怎么样 notes/离线模式.txt",
+        "a" * 5000 + "/billing/退款政策.md",  # longer than any path: not looked up
     ],
 )
 def test_paths_that_name_no_document(indexed: Path, message: str) -> None:
