@@ -350,16 +350,17 @@ class _Memory:
     shape discards it all (a scan reads every document, as without it).
     """
 
-    def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]], reuse: bool) -> None:
+    def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]]) -> None:
         self.excerpt_chars = excerpt_chars
         self.rows = rows
-        self.reuse = reuse
         self.seen: dict[str, list[Any]] = {}
         self.changed = False
 
     @classmethod
     def load(cls, kb: Path, excerpt_chars: int, reuse: bool) -> _Memory:
         rows: dict[str, list[Any]] = {}
+        if not reuse:  # every document is read, and what was read replaces what was remembered
+            return cls(excerpt_chars, rows)
         try:
             data = read_regular(kb / STATE_DIR / SCAN_FILE, _MAX_SCAN_FILE_BYTES)
             obj = orjson.loads(data)
@@ -373,12 +374,12 @@ class _Memory:
                 rows = obj["docs"]
         except (OSError, ValueError, InvalidFileError):  # missing, unreadable, too large or not JSON: read all
             pass
-        return cls(excerpt_chars, rows, reuse)
+        return cls(excerpt_chars, rows)
 
     def get(self, rel: str, signature: tuple[int, int, int, int]) -> tuple[ScannedDoc, str | None] | None:
         """The remembered document at ``rel`` if its file still has ``signature``, and its frontmatter problem."""
         row = self.rows.get(rel)
-        if not self.reuse or row is None or row[4] or tuple(row[:4]) != signature:
+        if row is None or row[4] or tuple(row[:4]) != signature:
             return None
         self.seen[rel] = row
         _, _, _, _, _, sha, excerpt, title, description, tags, paths, heads, chars, problem = row
