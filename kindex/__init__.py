@@ -42,6 +42,7 @@ from kindex.errors import (
 # Functions named like their module are bound now, or the module would shadow them once imported.
 from kindex.scan import Scan, ScannedDoc, scan
 from kindex.validate import validate
+from kindex.version import __version__
 
 # Everything else is imported on first use (PEP 562), so that `import kindex.retrieve` or
 # `kindex context` does not pay for generation, the model adapter or skill libraries.
@@ -141,7 +142,6 @@ if TYPE_CHECKING:
     from kindex.skills import delete_skill, export_skill, import_skill, sync_skills
     from kindex.watch import Update, Watcher
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AnswerError",

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_bl
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
 from kindex.store import STATE_DIR, atomic_write
+from kindex.version import __version__
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
@@ -108,10 +109,12 @@ class Scan:
     memory: _Memory | None = field(default=None, repr=False, compare=False)
 
     def remember(self) -> None:
-        """Write what this scan read to ``.kindex/scan.json``, creating ``.kindex/`` if need be: a step calls it
-        once it has written the KB's index, so that the next scan reads only what changed (best effort)."""
+        """Write what this scan read to ``.kindex/scan.json`` (best effort), so that the next scan reads only what
+        changed: a step calls it once it has written the KB's index. Documents :meth:`read_text` found changed
+        since the scan are left out: read again next time."""
         if self.memory is not None:
-            self.memory.save(self.kb, create=True)
+            self.memory.forget(self.stand_ins)
+            self.memory.save(self.kb)
 
     @property
     def unreadable(self) -> bool:
@@ -256,7 +259,6 @@ def scan(
                 root_docs.append(doc)
             else:
                 themes.setdefault(doc.theme, []).append(doc)
-    memory.save(root, create=False)
     return Scan(
         kb=root,
         root_docs=tuple(sorted(root_docs, key=lambda d: d.rel)),
@@ -303,8 +305,8 @@ def _scan_file(
         )
         return None
     signature = (st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino)
-    if trust:
-        known = memory.get(rel, signature)
+    if trust and os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+        known = memory.get(rel, signature, excerpt_chars)
         if known is not None:
             doc, problem = known
             if problem:
@@ -327,16 +329,17 @@ def _scan_file(
         skipped.append(Skipped(path=rel, reason="empty document: nothing to index"))
         return None
     theme = rel.split("/", 1)[0] if "/" in rel else None
+    text = body.strip()
     doc = ScannedDoc(
         rel=rel,
         theme=theme,
-        excerpt=body.strip()[:excerpt_chars],
+        excerpt=text[:excerpt_chars],
         signals=signals,
         headings=headings_of(body),
         sha256=digest,
         chars=len(body),
     )
-    memory.put(doc, signature, problem)
+    memory.put(doc, signature, text[: memory.excerpt_chars], problem)
     return doc
 
 
@@ -344,39 +347,45 @@ class _Memory:
     """What the scans of a KB read, by document: ``.kindex/scan.json``.
 
     A row is trusted while the file's stat signature (modification and change times in ns, size, inode) is the one
-    it was read under: the change time cannot be set back by any tool (``touch``, ``cp -p``, ``git checkout``), and
-    an editor's save-by-rename changes the inode. A file changed within ``_RACY_NS`` of its read is read again
-    next time. The file is a cache anyone with write access to the KB could have replaced: a row of the wrong
-    shape discards it all (a scan reads every document, as without it).
+    it was read under and the file may still be read: on a local POSIX file system the change time cannot be set
+    back by any tool (``touch``, ``cp -p``, ``git checkout``), and an editor's save-by-rename changes the inode. A
+    file changed within ``_RACY_NS`` of its read is read again next time; so is one a step found changed anyway
+    (:meth:`forget`). Not used where the change time is no such thing (Windows: the creation time).
+
+    The file is a cache anyone with write access to the KB could have replaced, tagged with the kindex version
+    that wrote it (a release may read documents differently): a row a scan could not have made (wrong shape,
+    values beyond the scan's bounds) discards it all, and a scan reads every document, as without it. Its rows hold
+    the excerpts of documents, so it is written readable by its owner only. Steps write it (:meth:`Scan.remember`);
+    commands that only read (``validate``, ``preview``, a service's checks) use it without writing.
     """
 
     def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]]) -> None:
         self.excerpt_chars = excerpt_chars
+        """The excerpt length of the rows: the longest any scan asked for, so a shorter one is cut from them."""
         self.rows = rows
         self.seen: dict[str, list[Any]] = {}
         self.changed = False
 
     @classmethod
     def load(cls, kb: Path, excerpt_chars: int, reuse: bool) -> _Memory:
-        rows: dict[str, list[Any]] = {}
-        if not reuse:  # every document is read, and what was read replaces what was remembered
-            return cls(excerpt_chars, rows)
+        if not reuse or os.name == "nt":  # every document is read, and what was read replaces what was remembered
+            return cls(excerpt_chars, {})
         try:
-            data = read_regular(kb / STATE_DIR / SCAN_FILE, _MAX_SCAN_FILE_BYTES)
-            obj = orjson.loads(data)
-            if (
-                type(obj) is dict
-                and obj.get("format") == _SCAN_FORMAT
-                and obj.get("excerpt_chars") == excerpt_chars
-                and type(obj.get("docs")) is dict
-                and all(_valid_row(row, excerpt_chars) for row in obj["docs"].values())
-            ):
-                rows = obj["docs"]
+            obj = orjson.loads(read_regular(kb / STATE_DIR / SCAN_FILE, _MAX_SCAN_FILE_BYTES))
         except (OSError, ValueError, InvalidFileError):  # missing, unreadable, too large or not JSON: read all
-            pass
-        return cls(excerpt_chars, rows)
+            return cls(excerpt_chars, {})
+        if type(obj) is not dict or obj.get("format") != _SCAN_FORMAT or obj.get("kindex") != __version__:
+            return cls(excerpt_chars, {})
+        length, rows = obj.get("excerpt_chars"), obj.get("docs")
+        if type(length) is not int or length < excerpt_chars or type(rows) is not dict:
+            return cls(excerpt_chars, {})
+        if not all(_valid_row(row, length) for row in rows.values()):
+            return cls(excerpt_chars, {})
+        return cls(length, rows)
 
-    def get(self, rel: str, signature: tuple[int, int, int, int]) -> tuple[ScannedDoc, str | None] | None:
+    def get(
+        self, rel: str, signature: tuple[int, int, int, int], excerpt_chars: int
+    ) -> tuple[ScannedDoc, str | None] | None:
         """The remembered document at ``rel`` if its file still has ``signature``, and its frontmatter problem."""
         row = self.rows.get(rel)
         if row is None or row[4] or tuple(row[:4]) != signature:
@@ -384,44 +393,63 @@ class _Memory:
         self.seen[rel] = row
         _, _, _, _, _, sha, excerpt, title, description, tags, paths, heads, chars, problem = row
         theme = rel.split("/", 1)[0] if "/" in rel else None
-        signals = Signals(title=title, description=description, tags=tuple(tags), paths=tuple(paths))
-        doc = ScannedDoc(rel, theme, excerpt, signals, tuple(heads), sha, chars)
+        signals = _signals(title, description, tags, paths) if title or description or tags or paths else Signals()
+        doc = ScannedDoc(rel, theme, excerpt[:excerpt_chars], signals, tuple(heads), sha, chars)
         return doc, problem
 
-    def put(self, doc: ScannedDoc, signature: tuple[int, int, int, int], problem: str | None) -> None:
-        """Remember ``doc``, just read from a file of ``signature``."""
+    def put(self, doc: ScannedDoc, signature: tuple[int, int, int, int], excerpt: str, problem: str | None) -> None:
+        """Remember ``doc``, just read from a file of ``signature``; ``excerpt``: its excerpt of the rows' length."""
         s = doc.signals
         racy = time.time_ns() - max(signature[0], signature[1]) < _RACY_NS
-        row = [*signature, racy, doc.sha256, doc.excerpt, s.title, s.description]
+        row = [*signature, racy, doc.sha256, excerpt, s.title, s.description]
         row += [list(s.tags), list(s.paths), list(doc.headings), doc.chars, problem]
         self.changed = self.changed or self.rows.get(doc.rel) != row
         self.seen[doc.rel] = row
 
-    def save(self, kb: Path, *, create: bool) -> None:
-        """Write what this scan saw when it differs from what was remembered, if the KB has a ``.kindex/`` (or
-        ``create``: a KB a step has just indexed). Best effort: a read-only KB is read in full each time."""
-        if not (self.changed or self.seen.keys() != self.rows.keys()):
+    def forget(self, rels: Iterable[str]) -> None:
+        """Read these documents again next time: a step found them changed since this scan read them."""
+        for rel in rels:
+            if self.seen.pop(rel, None) is not None:
+                self.changed = True
+
+    def save(self, kb: Path) -> None:
+        """Write what this scan saw when it differs from what was remembered (best effort: a KB kindex may not
+        write is read in full each time)."""
+        if not (self.changed or self.seen.keys() != self.rows.keys()) or os.name == "nt":
             return
-        if not create and not (kb / STATE_DIR).is_dir():
-            return
-        data = orjson.dumps({"format": _SCAN_FORMAT, "excerpt_chars": self.excerpt_chars, "docs": self.seen})
+        meta = {"format": _SCAN_FORMAT, "kindex": __version__, "excerpt_chars": self.excerpt_chars}
+        data = orjson.dumps({**meta, "docs": self.seen})
         if len(data) <= _MAX_SCAN_FILE_BYTES:
             with contextlib.suppress(KindexError, OSError):
-                atomic_write(kb / STATE_DIR / SCAN_FILE, data)
+                atomic_write(kb / STATE_DIR / SCAN_FILE, data, mode=0o600)
                 self.rows, self.changed = dict(self.seen), False
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def _valid_row(row: object, excerpt_chars: int) -> bool:
-    return (
+    """Whether ``row`` is one a scan could have made: the types, and the scan's bounds (a document's at most
+    ``MAX_DOC_BYTES``; signals are bounded again as they are read, through the scan's own cleaning)."""
+    if not (
         type(row) is list
         and len(row) == 14
         and all(type(x) is int for x in row[:4])
         and type(row[4]) is bool
         and all(type(x) is str for x in row[5:9])
-        and len(row[6]) <= excerpt_chars
         and all(type(x) is list and all(type(y) is str for y in x) for x in row[9:12])
         and type(row[12]) is int
-        and (row[13] is None or type(row[13]) is str)
+        and (row[13] is None or (type(row[13]) is str and len(row[13]) <= 500))
+    ):
+        return False
+    heads: list[str] = row[11]
+    return (
+        _SHA256.fullmatch(row[5]) is not None
+        and len(row[6]) <= excerpt_chars
+        and 0 <= row[12] <= MAX_DOC_BYTES
+        and sum(map(len, row[7:9])) + sum(map(len, row[9])) + sum(map(len, row[10])) <= MAX_DOC_BYTES
+        and sum(map(len, heads)) <= MAX_DOC_BYTES
+        and not any("\n" in h or "\r" in h for h in heads)
     )
 
 
@@ -476,11 +504,18 @@ def signals_from(meta: Mapping[str, Any]) -> Signals:
     def first(*names: str) -> Any:
         return next((meta[n] for n in names if meta.get(n) not in (None, "", [])), None)
 
+    return _signals(
+        first("title", "name"), first("description", "summary"), first("tags", "keywords"), first("paths", "globs")
+    )
+
+
+def _signals(title: object, description: object, tags: object, paths: object) -> Signals:
+    """The signals of these frontmatter values, cleaned and bounded (the scan's one rule: the memory's rows too)."""
     return Signals(
-        title=clean_text(first("title", "name"), 200),
-        description=clean_text(first("description", "summary"), 1000),
-        tags=clean_tags(first("tags", "keywords"), limit=32),
-        paths=clean_globs(first("paths", "globs")),
+        title=clean_text(title, 200),
+        description=clean_text(description, 1000),
+        tags=clean_tags(tags, limit=32),
+        paths=clean_globs(paths),
     )
 
 

@@ -22,18 +22,19 @@ from kindex.records import INDEX_FILE, Index, parse_index
 STATE_DIR = ".kindex"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder, fsync, rename, fsync the folder.
 
     The file keeps the mode it had; a new one gets the mode the umask allows (the kernel applies it to 0o666), so
     a chat backend running as another user can read what kindex writes, as it could read what was there before.
+    ``mode``: this mode whatever the file had (a cache holding documents' text is its owner's only).
     """
     if path.is_dir():
         raise StorageError(
             f"{path.name} in {path.parent.name or path.parent} is a folder, not a file: remove or rename it"
         )
     try:
-        _write_replace(path, data)
+        _write_replace(path, data, mode)
     except StorageError:
         raise
     except OSError as exc:
@@ -43,14 +44,15 @@ def atomic_write(path: Path, data: bytes) -> None:
         ) from None
 
 
-def _write_replace(path: Path, data: bytes) -> None:
+def _write_replace(path: Path, data: bytes, mode: int | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    keep_mode: int | None = None
+    keep_mode = mode
     with contextlib.suppress(OSError):
         st = os.stat(path)
         # A regular file's mode, through a symlink too (a link to a 0600 file stays 0600); a device's (/dev/zero:
         # 0o666) would open the index to everyone.
-        keep_mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+        if mode is None and stat.S_ISREG(st.st_mode):
+            keep_mode = stat.S_IMODE(st.st_mode)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:

@@ -462,38 +462,43 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _memory_kb(tmp_path: Path) -> Path:
+    """A KB of five documents, scanned once and remembered."""
     kb = tmp_path / "kb"
     write(kb / "导读.md", "# 导读\n\n欢迎。")
     for i in range(4):
         text = f"---\ntitle: 文档{i}\ntags: [账单]\n---\n# 标题{i}\n\n## 小节\n\n正文{i}。"
         write(kb / "billing" / f"doc{i}.md", text)
-    (kb / ".kindex").mkdir()
+    scan(kb).remember()
     return kb
+
+
+def _rows(kb: Path) -> dict[str, Any]:
+    rows: dict[str, Any] = orjson.loads((kb / ".kindex" / "scan.json").read_bytes())
+    return rows
 
 
 def test_a_second_scan_reads_no_unchanged_document_and_sees_the_same(tmp_path: Path, reads: list[str]) -> None:
     kb = _memory_kb(tmp_path)
-    first = scan(kb)
-    assert len(reads) == 5 and (kb / ".kindex" / "scan.json").is_file()
+    assert len(reads) == 5
+    memory = kb / ".kindex" / "scan.json"
+    assert memory.stat().st_mode & 0o777 == 0o600  # it holds the documents' excerpts
     reads.clear()
     again = scan(kb)
-    assert reads == [] and again.documents == first.documents
+    assert reads == [] and again.documents == scan(kb, reuse=False).documents
     assert again.documents[1].signals.tags == ("账单",) and again.documents[1].headings == ("标题0", "小节")
 
 
 def test_a_changed_document_is_read_again(tmp_path: Path, reads: list[str]) -> None:
     kb = _memory_kb(tmp_path)
-    scan(kb)
     doc = kb / "billing" / "doc2.md"
     stamp = doc.stat()
     write(doc, doc.read_text(encoding="utf-8").replace("正文2", "改过2"))  # same size
     os.utime(doc, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # and the old modification time, as `cp -p` keeps it
-    memory = kb / ".kindex" / "scan.json"
-    rows = orjson.loads(memory.read_bytes())
+    rows = _rows(kb)
     assert doc.stat().st_size == rows["docs"]["billing/doc2.md"][2]
     # Its change time may fall in the same clock tick as the scan's read: the test makes the remembered one older.
     rows["docs"]["billing/doc2.md"][1] -= 1
-    memory.write_bytes(orjson.dumps(rows))
+    (kb / ".kindex" / "scan.json").write_bytes(orjson.dumps(rows))
     reads.clear()
     again = scan(kb)
     assert reads == ["doc2.md"]
@@ -506,9 +511,8 @@ def test_a_just_changed_file_is_read_again_next_time(
 ) -> None:
     monkeypatch.setattr(SCAN, "_RACY_NS", 10**18)  # every file changed "just now": within a timestamp step
     kb = _memory_kb(tmp_path)
-    SCAN.scan(kb)
     reads.clear()
-    SCAN.scan(kb)
+    scan(kb)
     assert len(reads) == 5
 
 
@@ -517,52 +521,127 @@ def test_a_just_changed_file_is_read_again_next_time(
     [
         b"not json",
         b"[]",
-        b'{"format": 1, "excerpt_chars": 1200, "docs": {"billing/doc0.md": [1, 2, 3]}}',
-        b'{"format": 99, "excerpt_chars": 1200, "docs": {}}',
         b"[" * 100_000,
+        "fifo",
+        "another kindex",
+        "another format",
+        "shorter excerpts",
+        "short row",
         "wrong types",
         "excerpt too long",
-        "fifo",
+        "not a digest",
+        "heading of two lines",
+        "longer than a document",
+        "negative length",
     ],
 )
-def test_a_damaged_memory_means_every_document_is_read(tmp_path: Path, reads: list[str], damage: bytes | str) -> None:
+def test_a_memory_no_scan_could_have_written_means_every_document_is_read(
+    tmp_path: Path, reads: list[str], damage: bytes | str
+) -> None:
     kb = _memory_kb(tmp_path)
     truth = scan(kb, reuse=False).documents
     memory = kb / ".kindex" / "scan.json"
-    rows = orjson.loads(memory.read_bytes())
+    rows = _rows(kb)
     row = rows["docs"]["billing/doc1.md"]
-    if damage == "wrong types":
-        row[9] = [1]  # tags
-    elif damage == "excerpt too long":
-        row[6] = "假" * 1201
+    changes: dict[str, Any] = {
+        "another kindex": lambda: rows.update(kindex="0.0.1"),  # a release may read documents otherwise
+        "another format": lambda: rows.update(format=0),
+        "shorter excerpts": lambda: rows.update(excerpt_chars=100),  # cannot give the 1,200 characters asked for
+        "short row": lambda: row.pop(),
+        "wrong types": lambda: row.__setitem__(9, [1]),  # tags
+        "excerpt too long": lambda: row.__setitem__(6, "假" * 1201),
+        "not a digest": lambda: row.__setitem__(5, "../../etc/passwd"),
+        "heading of two lines": lambda: row.__setitem__(11, ["a\nb"]),
+        "longer than a document": lambda: row.__setitem__(11, ["x" * 1000] * 6000),
+        "negative length": lambda: row.__setitem__(12, -1),
+    }
     if isinstance(damage, bytes):
         memory.write_bytes(damage)
     elif damage == "fifo":
         memory.unlink()
         os.mkfifo(memory)
     else:
+        changes[damage]()
         memory.write_bytes(orjson.dumps(rows))
     reads.clear()
     assert scan(kb).documents == truth and len(reads) == 5
 
 
-def test_other_excerpt_lengths_and_no_state_folder(tmp_path: Path, reads: list[str]) -> None:
+def test_remembered_signals_are_cleaned_as_frontmatter_is(tmp_path: Path, reads: list[str]) -> None:
+    # A row's paths went into the entry unchecked: a 201-character glob made every reindex end in a traceback.
     kb = _memory_kb(tmp_path)
-    scan(kb)
+    rows = _rows(kb)
+    rows["docs"]["billing/doc1.md"][10] = ["g" * 201, "src/**/*.tsx"]
+    rows["docs"]["billing/doc1.md"][7] = "标题\x00" + "长" * 300
+    (kb / ".kindex" / "scan.json").write_bytes(orjson.dumps(rows))
+    doc = next(d for d in scan(kb).documents if d.rel == "billing/doc1.md")
+    frontmatter = {"title": "标题\x00" + "长" * 300, "tags": ["账单"], "paths": ["g" * 201, "src/**/*.tsx"]}
+    assert doc.signals == SCAN.signals_from(frontmatter)
+    kindex.reindex(kb)
+    entry = next(d for d in read_index(kb / "billing" / "index.json").documents if d.path == "doc1.md")  # type: ignore[union-attr]
+    assert entry.paths == doc.signals.paths and len(entry.title) <= 200
+
+
+def test_a_document_found_changed_during_a_step_is_read_again_next_time(tmp_path: Path, reads: list[str]) -> None:
+    # A row whose digest is not the file's (a damaged memory, a write the file's times did not show) was trusted
+    # again and again: the step served the excerpt each time, and the document's tail was never searched.
+    kb = _memory_kb(tmp_path)
+    rows = _rows(kb)
+    sha = rows["docs"]["billing/doc1.md"][5]
+    rows["docs"]["billing/doc1.md"][5] = ("1" if sha[0] == "0" else "0") + sha[1:]
+    (kb / ".kindex" / "scan.json").write_bytes(orjson.dumps(rows))
+    kindex.reindex(kb)
+    assert "billing/doc1.md" not in _rows(kb)["docs"]
     reads.clear()
-    assert all(len(d.excerpt) <= 3 for d in scan(kb, excerpt_chars=3).documents) and len(reads) == 5
+    kindex.reindex(kb)
+    assert reads.count("doc1.md") >= 1 and _rows(kb)["docs"]["billing/doc1.md"][5] == sha
+
+
+def test_a_file_the_scan_may_not_read_is_not_taken_from_memory(
+    tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A document made unreadable (its permissions, a group left) keeps its times: it was indexed from memory.
+    kb = _memory_kb(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: Path(p).name != "doc3.md" and real(p, m, **kw))
+    reads.clear()
+    scan(kb)
+    assert reads == ["doc3.md"]  # tried (the test runs as a user who may read it; the scan says why it cannot)
+
+
+def test_shorter_excerpts_are_cut_from_the_memory_and_longer_ones_read(tmp_path: Path, reads: list[str]) -> None:
+    kb = _memory_kb(tmp_path)
+    reads.clear()
+    short = scan(kb, excerpt_chars=100)
+    assert reads == [] and short.documents == scan(kb, reuse=False, excerpt_chars=100).documents
+    scan(kb, excerpt_chars=3).remember()  # a step of shorter excerpts keeps the longer ones
+    assert _rows(kb)["excerpt_chars"] == 1200
+    reads.clear()
+    long = scan(kb, excerpt_chars=2000)
+    assert len(reads) == 5 and long.documents == scan(kb, reuse=False, excerpt_chars=2000).documents
+
+
+def test_only_steps_write_the_memory(tmp_path: Path, sample_kb: Path) -> None:
     other = tmp_path / "other"
     write(other / "a.md", "# a")
     scan(other)
     assert not (other / ".kindex").exists()  # a folder never indexed gets no state of kindex's from a scan
+    kindex.reindex(sample_kb)
+    memory = sample_kb / ".kindex" / "scan.json"
+    memory.unlink()
+    kindex.validate(sample_kb)
+    kindex.preview(sample_kb)
+    kindex.search(sample_kb, "退款")
+    assert not memory.exists()
+    kindex.doc(sample_kb, "billing", "退款政策.md")
+    assert memory.exists()
 
 
 def test_a_deleted_document_is_forgotten(tmp_path: Path, reads: list[str]) -> None:
     kb = _memory_kb(tmp_path)
-    scan(kb)
     (kb / "billing" / "doc3.md").unlink()
-    scan(kb)
-    assert "billing/doc3.md" not in orjson.loads((kb / ".kindex" / "scan.json").read_bytes())["docs"]
+    scan(kb).remember()
+    assert "billing/doc3.md" not in _rows(kb)["docs"]
 
 
 def test_a_doc_step_reads_only_its_document(tmp_path: Path, reads: list[str]) -> None:

@@ -21,7 +21,7 @@ MAX_LINES = 400
 
 # Bottom to top. A module may import from its own layer and any layer below; never from above.
 LAYERS: list[list[str]] = [
-    ["kindex.errors"],
+    ["kindex.errors", "kindex.version"],
     [
         "kindex.tokenize",
         "kindex.markdown",
