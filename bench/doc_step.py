@@ -1,0 +1,76 @@
+"""What a `doc` step on one edited document costs in a fresh process, on a real KB, with and without the scan's
+memory of the unchanged documents (`.kindex/scan.json`), alternating in one run.
+
+    python bench/doc_step.py [--corpus ../shared/corpora/memdocs-zh/kb] [--runs 6]
+
+Copies the corpus to a temporary folder, indexes it offline (its files 2 s old, as a KB's are), then per run
+appends a line to one document and runs `kindex doc` on it in a new Python process: once as it is (the memory
+read), once after deleting `scan.json` (every document read, as before the memory; the search tables are updated
+per document in both). Medians of the wall time of `kindex.doc` (imports excluded), and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kindex
+
+ROOT = Path(__file__).resolve().parent.parent
+
+STEP = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import kindex
+kb, theme, path = sys.argv[2:5]
+with open(f"{kb}/{theme}/{path}", "a", encoding="utf-8") as fh:
+    fh.write("\\n追加一行：海外信用卡付款失败。\\n")
+t = time.perf_counter()
+kindex.doc(kb, theme, path)
+print(time.perf_counter() - t)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpora" / "memdocs-zh" / "kb")
+    ap.add_argument("--runs", type=int, default=6)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        kb = Path(tmp) / "kb"
+        shutil.copytree(args.corpus, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        # A KB's files are older than the 2 s in which a file just written is read again (as these copies are not).
+        time.sleep(2.1)
+        kindex.reindex(kb)
+        doc = next(d for d in kindex.scan(kb).documents if d.theme is not None)
+        assert doc.theme is not None
+        times: dict[str, list[float]] = {"memory": [], "every document read": []}
+        for _ in range(args.runs):
+            for name in times:
+                if name != "memory":
+                    (kb / ".kindex" / "scan.json").unlink(missing_ok=True)
+                out = subprocess.run(
+                    [sys.executable, "-c", STEP, str(ROOT), str(kb), doc.theme, doc.path_in_theme],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                times[name].append(float(out.stdout))
+        n = len(kindex.scan(kb).documents)
+        print(f"| {n} documents, {args.runs} runs | median | runs |\n|---|---|---|")
+        for name, values in times.items():
+            print(f"| doc step, {name} | {statistics.median(values):.3f} s | {', '.join(f'{v:.2f}' for v in values)} |")
+        ratio = statistics.median(times["every document read"]) / statistics.median(times["memory"])
+        print(f"| every document read / memory | {ratio:.1f}× | |")
+
+
+if __name__ == "__main__":
+    main()
