@@ -49,7 +49,16 @@ from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, any_match, normalize
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_start, kb_folder
-from kindex.searchindex import FIELDS, SEARCH_FILE, SearchIndex, from_files, load, read_entries, signature_of, term_hash
+from kindex.searchindex import (
+    FIELDS,
+    SEARCH_FILE,
+    SearchIndex,
+    from_files,
+    load,
+    read_entries,
+    still_current,
+    term_hash,
+)
 from kindex.store import STATE_DIR
 from kindex.tokenize import estimate_tokens, units
 
@@ -272,10 +281,11 @@ def _load(kb: Path) -> _Loaded:
     # Stat-ed before anything is read: a step that finishes during the load changes them, and the next call reloads.
     stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
     stamps_seen = _stats(stamps)
-    index = load(kb)
+    saved = load(kb)
+    index = None if saved is None else still_current(kb, saved)
     problems: tuple[str, ...] = ()
-    stale = index is None or signature_of(kb, [t.dir for t in index.themes]) != index.signature
-    if index is None or stale:
+    stale = index is None
+    if index is None:
         entries = read_entries(kb)
         index, problems = from_files(kb, entries), entries.problems
     n = len(index.docs)

@@ -25,7 +25,7 @@ import stat
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,11 @@ from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_text, headings_of
-from kindex.store import STATE_DIR, atomic_write, read_index_file
+from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest
 
 SEARCH_FILE = "search.npz"
-FORMAT = 3
-"""3: the theme entries' terms are saved too (see ``SearchIndex.theme_terms``)."""
+FORMAT = 4
+"""3: the theme entries' terms are saved too (see ``SearchIndex.theme_terms``); 4: the index files' digests."""
 FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "body")
 ENTRY_FIELDS = FIELDS[:-1]
 BODY_TERMS_PER_DOC = 20_000
@@ -172,6 +172,9 @@ class SearchIndex:
     """Terms per document and field, shape (documents, fields)."""
     signature: tuple[tuple[str, int, int], ...]
     """(index file, mtime_ns, size) of every index file the entries were read from."""
+    digests: tuple[str, ...]
+    """The digest of each of those files' bytes (``store.index_digest``), in the same order: a KB copied with new
+    times (``cp -r``, a checkout, a restore) is still one these tables were built from."""
     theme_terms: tuple[Mapping[str, int], ...]
     """Per theme, in order: the terms of its entry (title, tags, summary) and their counts. Analysed when the index
     is built, so a cold load cuts no text: a KB's theme entries run to thousands of characters, past what the
@@ -187,6 +190,7 @@ class SearchIndex:
             "format": FORMAT,
             "analyzer": ANALYZER_VERSION,
             "signature": self.signature,
+            "digests": self.digests,
             "vocab": sorted(self.vocab),
             "docs": [[d.path, d.theme, d.key, d.entry] for d in self.docs],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
@@ -232,6 +236,9 @@ def load(kb: Path) -> SearchIndex | None:
         docs = tuple(_record(row) for row in meta["docs"])
         themes = tuple(ThemeRecord(str(d), _item(obj)) for d, obj in meta["themes"])
         signature = tuple((str(p), int(m), int(s)) for p, m, s in meta["signature"])
+        digests = tuple(str(d) for d in meta["digests"])
+        if len(digests) != len(signature):
+            return None
         vocab = frozenset(str(v) for v in meta["vocab"])
         theme_terms = tuple(_counts(c) for c in meta["theme_terms"])
         if len(theme_terms) != len(themes):
@@ -241,7 +248,7 @@ def load(kb: Path) -> SearchIndex | None:
             return None
     except Exception:  # zip, numpy, JSON and shape errors of every kind: the cache is rebuilt
         return None
-    return SearchIndex(docs, themes, vocab, fields, lengths, signature, theme_terms)
+    return SearchIndex(docs, themes, vocab, fields, lengths, signature, digests, theme_terms)
 
 
 def _finite(a: npt.NDArray[Any]) -> bool:
@@ -328,6 +335,20 @@ def signature_of(kb: Path, themes: Iterable[str]) -> tuple[tuple[str, int, int],
     return tuple(_file_signature(kb, rel) for rel in (INDEX_FILE, *(f"{t}/{INDEX_FILE}" for t in themes)))
 
 
+def still_current(kb: Path, index: SearchIndex) -> SearchIndex | None:
+    """``index`` stamped with its index files' current signature when their bytes are still those it was built
+    from (a KB copied with ``cp -r``, checked out or restored: new times, the same files), else ``None``. Each
+    file is stat-ed before it is read: one changed in between differs at the next check."""
+    now = signature_of(kb, [t.dir for t in index.themes])
+    if now == index.signature:
+        return index
+    sizes = [size for _, _, size in now]
+    if sizes != [size for _, _, size in index.signature] or -1 in sizes:
+        return None
+    digests = tuple(index_digest(kb / rel) for rel, _, _ in now)
+    return replace(index, signature=now) if digests == index.digests and "" not in digests else None
+
+
 def _doc_fields(src: Source, vocab: frozenset[str]) -> dict[str, Counter[str]]:
     item = src.item
     path_words = src.path.removesuffix(".md").replace("/", " ").replace("_", " ").replace("-", " ")
@@ -355,6 +376,7 @@ def build(
     themes: Sequence[ThemeRecord],
     signature: tuple[tuple[str, int, int], ...],
     previous: SearchIndex | None = None,
+    digests: tuple[str, ...] = (),
 ) -> SearchIndex:
     """The search index of ``sources``, reusing ``previous``'s postings of every document that did not change.
 
@@ -409,7 +431,8 @@ def build(
     if previous is not None and previous.vocab == vocab:  # its theme terms were cut with the same vocabulary
         known = dict(zip(previous.themes, previous.theme_terms, strict=True))
     theme_terms = tuple(known.get(t) or _theme_terms(t, vocab) for t in themes)
-    return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature, theme_terms)
+    digests = digests or ("",) * len(signature)
+    return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature, digests, theme_terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +443,8 @@ class Entries:
     """(KB-relative path, theme or ``None``, entry) of every document entry."""
     themes: tuple[ThemeRecord, ...]
     signature: tuple[tuple[str, int, int], ...]
+    digests: tuple[str, ...]
+    """The digest of each file of ``signature``, of the bytes read (empty for a file that could not be)."""
     problems: tuple[str, ...]
 
 
@@ -433,7 +458,7 @@ def read_entries(kb: Path) -> Entries:
     signature = [_file_signature(kb, INDEX_FILE)]
     root_path = kb / INDEX_FILE
     try:
-        root, problems = read_index_file(root_path)
+        root, problems, digest = read_index_digest(root_path)
     except (FileNotFoundError, NotADirectoryError):
         raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
     except IndexMissingError:
@@ -442,6 +467,7 @@ def read_entries(kb: Path) -> Entries:
         raise IndexMissingError(
             f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
         ) from None
+    digests = [digest]
     docs: list[tuple[str, str | None, DocItem]] = [(d.path, None, d) for d in root.documents if "/" not in d.path]
     seen_themes: set[str] = set()
     themes: list[ThemeRecord] = []
@@ -460,8 +486,9 @@ def read_entries(kb: Path) -> Entries:
             )
         )
         signature.append(_file_signature(kb, f"{t.dir}/{INDEX_FILE}"))
+        digests.append("")
         try:
-            sub, sub_problems = read_index_file(kb / t.dir / INDEX_FILE)
+            sub, sub_problems, digests[-1] = read_index_digest(kb / t.dir / INDEX_FILE)
         except (OSError, InvalidFileError, IndexMissingError) as exc:
             # The reason without the absolute path an OSError carries: this reaches an HTTP service's tenants.
             why = "missing" if isinstance(exc, FileNotFoundError) else getattr(exc, "strerror", None) or str(exc)
@@ -476,7 +503,7 @@ def read_entries(kb: Path) -> Entries:
     unique = list({rel: (rel, theme, item) for rel, theme, item in reversed(docs)}.values())[::-1]
     if len(unique) < len(docs):
         problems.append(f"{len(docs) - len(unique)} duplicate document entries ignored")
-    return Entries(tuple(unique), tuple(themes), tuple(signature), tuple(problems))
+    return Entries(tuple(unique), tuple(themes), tuple(signature), tuple(digests), tuple(problems))
 
 
 def update(kb: Path, scan: Scan) -> int:
@@ -494,12 +521,13 @@ def update(kb: Path, scan: Scan) -> int:
             exact = partial(lambda r: r not in scan.stand_ins, doc.rel)
             sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact))
     previous = load(kb)
-    index = build(sources, entries.themes, entries.signature, previous)
+    index = build(sources, entries.themes, entries.signature, previous, entries.digests)
     before = {(d.path, d.key) for d in previous.docs} if previous is not None else set()
     fresh = sum((d.path, d.key) not in before for d in index.docs)
     if (
         previous is not None
         and previous.signature == index.signature
+        and previous.digests == index.digests
         and previous.themes == index.themes
         and [(d.path, d.key) for d in previous.docs] == [(d.path, d.key) for d in index.docs]
     ):
@@ -518,4 +546,4 @@ def from_files(kb: Path, entries: Entries) -> SearchIndex:
     for rel, theme, item in entries.docs:
         text = document_text(kb, rel) or ""
         sources.append(Source(rel, theme, item, headings_of(text), "", partial(str, text)))
-    return build(sources, entries.themes, entries.signature)
+    return build(sources, entries.themes, entries.signature, digests=entries.digests)

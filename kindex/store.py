@@ -7,6 +7,7 @@ is :mod:`kindex.cache`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -139,7 +140,27 @@ def read_index_file(path: Path) -> tuple[Index, list[str]]:
     Raises ``OSError`` as :func:`index_bytes` does, and :class:`InvalidFileError` when the file holds no JSON
     object; each caller decides what that means for it (start afresh, report it, answer 409).
     """
-    return parse_index(index_bytes(path))
+    index, problems, _ = read_index_digest(path)
+    return index, problems
+
+
+def read_index_digest(path: Path) -> tuple[Index, list[str], str]:
+    """:func:`read_index_file`, and the digest of the bytes read (:func:`index_digest` of the same bytes)."""
+    data = index_bytes(path)
+    return (*parse_index(data), _digest(data))
+
+
+def index_digest(path: Path) -> str:
+    """A digest of the index file's bytes: what search tables built from it were built from, however its times
+    changed since (a copy, a checkout, a restore); empty when it cannot be read."""
+    try:
+        return _digest(index_bytes(path))
+    except (OSError, KindexError):
+        return ""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def refuse_theme_folder(kb: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -459,10 +460,10 @@ def test_a_step_that_finishes_while_a_reader_loads_is_seen_by_its_next_call(
             kindex.doc(kb, "t", "b.md")
         return signature
 
-    monkeypatch.setattr(kindex.retrieve, "signature_of", racing)
+    monkeypatch.setattr(searchindex, "signature_of", racing)
     handle = kindex.KnowledgeBase(kb)
     assert handle.context("对公转账").fallback  # the load that raced answers from the tables it read
-    monkeypatch.setattr(kindex.retrieve, "signature_of", real)
+    monkeypatch.setattr(searchindex, "signature_of", real)
 
     ctx = handle.context("对公转账")
     assert not ctx.fallback and ctx.items[0].path == "t/b.md"
@@ -1046,3 +1047,17 @@ def test_a_fallback_document_is_read_once(indexed: Path, monkeypatch: pytest.Mon
     ctx = kindex.build_context(indexed, "今天天气怎么样")
     assert ctx.fallback and [i.path for i in ctx.items] == ["导读.md", "00-总则与功能导航.md"]
     assert sorted(read) == sorted(i.path for i in ctx.items)
+
+
+def test_a_kb_copied_with_new_times_keeps_its_saved_tables(indexed: Path, tmp_path: Path) -> None:
+    # `cp -r` gives every index file a new modification time: the saved tables looked stale, and every call of a
+    # deployed copy rebuilt them in memory (3 times slower) until someone ran a reindex there.
+    copy = tmp_path / "deployed"
+    shutil.copytree(indexed, copy, copy_function=shutil.copy)  # contents only, as `cp -r` copies
+    assert (copy / "index.json").stat().st_mtime_ns != (indexed / "index.json").stat().st_mtime_ns
+    ctx = kindex.build_context(copy, "退款多久到账")
+    assert kindex.retrieve.STALE_TABLES not in ctx.warnings and ctx.items[0].path == "billing/退款政策.md"
+    theme = copy / "billing" / "index.json"
+    theme.write_bytes(theme.read_bytes().replace("退款".encode(), "退货".encode(), 1))  # the same size, changed
+    kindex.kb.clear_cache()
+    assert kindex.retrieve.STALE_TABLES in kindex.build_context(copy, "退款多久到账").warnings
