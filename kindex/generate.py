@@ -151,6 +151,7 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
     opts = options or Options()
     opts.check()
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    refuse_theme_folder(s.kb)  # what it previews would break the KB above
     prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None)
     prompt += _tokens_of(root_messages(s))
     completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs))
@@ -276,6 +277,7 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
     opts = options or Options()
     opts.check()
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
+    refuse_theme_folder(s.kb)
     generator = make_generator(opts.llm, opts.client)
     if generator.offline:
         return _plan(generator.name, [], 0, 0, 0, None)

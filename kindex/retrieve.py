@@ -59,7 +59,7 @@ from kindex.searchindex import (
     still_current,
     term_hash,
 )
-from kindex.store import STATE_DIR
+from kindex.store import STATE_DIR, refuse_theme_folder
 from kindex.tokenize import estimate_tokens, units
 
 DEFAULT_BUDGET_TOKENS: int = DEFAULTS["budget_tokens"]
@@ -955,6 +955,7 @@ class Retriever:
 
     def __init__(self, kb: str | os.PathLike[str]) -> None:
         self.root = kb_folder(kb, "index.json")
+        refuse_theme_folder(self.root, reading=True)
         self._loaded: _Loaded | None = None
         self._lock = threading.Lock()
 

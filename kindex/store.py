@@ -163,10 +163,12 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def refuse_theme_folder(kb: Path) -> None:
+def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:
     """:class:`ThemeFolderError` when the root index of the folder above ``kb`` lists ``kb`` as one of its themes:
     ``kindex reindex KB/billing`` would otherwise write a root index over ``billing/index.json`` (its theme index)
-    and index ``billing``'s subfolders as themes of their own, which breaks the KB above it without a word."""
+    and index ``billing``'s subfolders as themes of their own, which breaks the KB above it without a word.
+    ``reading``: the folder is to be searched or checked, not indexed (its theme index would pass for a root index
+    without search tables, and its paths would lack the theme)."""
     parent = kb.parent
     if parent == kb or not regular_file(parent / INDEX_FILE):
         return
@@ -177,6 +179,11 @@ def refuse_theme_folder(kb: Path) -> None:
     if any(t.dir == kb.name for t in above.themes):
         # Names, not paths, as every core message: this one reaches an HTTP service's tenants too. And no quoted
         # command, which the service rewords as this agent's route: the folder meant is not an agent.
+        if reading:
+            raise ThemeFolderError(
+                f"'{kb.name}' is a theme of the knowledge folder above it, '{parent.name}' (its {INDEX_FILE} lists "
+                f"it): pass '{parent.name}', whose index and search tables cover this theme's documents"
+            )
         raise ThemeFolderError(
             f"'{kb.name}' is a theme of the knowledge folder above it, '{parent.name}' (its {INDEX_FILE} lists it), "
             f"and indexing it on its own would replace its theme index: index '{parent.name}' instead (kindex "

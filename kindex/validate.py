@@ -17,12 +17,13 @@ import orjson
 from kindex.errors import KindexError
 from kindex.records import INDEX_FILE, schema_errors
 from kindex.scan import scan
-from kindex.store import index_bytes, root_index_path, theme_index_path
+from kindex.store import index_bytes, refuse_theme_folder, root_index_path, theme_index_path
 
 
 def validate(kb: str | os.PathLike[str]) -> list[str]:
     """Every way the KB's index files break the contract, as readable sentences; empty when all is well."""
     s = scan(kb)
+    refuse_theme_folder(s.kb, reading=True)
     problems: list[str] = []
     root = _load(root_index_path(s.kb), INDEX_FILE, problems)
     if root is not None:

@@ -25,7 +25,7 @@ from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
 from kindex.scan import scan
-from kindex.store import read_index, root_index_path, theme_index_path
+from kindex.store import read_index, refuse_theme_folder, root_index_path, theme_index_path
 
 DEFAULT_DEBOUNCE_MS = 1600
 """Changes arriving within this time of each other are handled as one batch (an editor's save-rename-delete)."""
@@ -247,8 +247,10 @@ class Watcher:
     def run(self) -> None:
         """Watch until stopped (or until the folder itself is gone). Each batch is handled before the next is
         gathered; failures are reported through ``on_update``, not raised, except an interrupted step
-        (:class:`InterruptedRun`, Ctrl-C), which ends the watch."""
+        (:class:`InterruptedRun`, Ctrl-C), which ends the watch, and a folder that is a theme of the KB above it
+        (:class:`ThemeFolderError` before anything is watched: no step could ever succeed there)."""
         root = self.kb.path
+        refuse_theme_folder(root)
         try:
             scan(root)
         except KindexError as exc:  # a broken kindex.toml: said, and watched until it is fixed

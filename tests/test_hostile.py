@@ -727,6 +727,24 @@ def test_a_theme_folder_given_as_a_kb_is_refused_and_left_as_it_was(indexed: Pat
 
     assert {p: p.read_bytes() for p in indexed.rglob("index.json")} == before
     assert not (indexed / "billing" / ".kindex").exists() and kindex.validate(indexed) == []
+    # Searched, checked, previewed or watched, it was taken for a KB of its own: answers with paths missing the
+    # theme, a note about stale tables advising steps that are refused there, a watcher failing forever.
+    searched = r"'billing' is a theme of the knowledge folder above it, '[^']+' \(its index.json lists it\): pass"
+    for read in (
+        lambda: kindex.search(indexed / "billing", "退款"),
+        lambda: kindex.build_context(indexed / "billing", "退款"),
+        lambda: kindex.validate(indexed / "billing"),
+    ):
+        with pytest.raises(kindex.ThemeFolderError, match=searched):
+            read()
+    for preview in (kindex.preview, kindex.dry_run):
+        with pytest.raises(kindex.ThemeFolderError, match="indexing it on its own would replace its theme index"):
+            preview(indexed / "billing")
+    watcher = kindex.Watcher(kindex.KnowledgeBase(indexed / "billing"), on_update=lambda _: None)
+    with pytest.raises(kindex.ThemeFolderError):
+        watcher.run()
+    result = CliRunner().invoke(main, ["search", str(indexed / "billing"), "退款"])
+    assert result.exit_code == 1 and f"pass '{indexed.name}'" in result.output
     # A folder the KB above does not list is a KB of its own: nothing refused.
     (indexed / "notes").mkdir()
     (indexed / "notes" / "a.md").write_text("# 笔记\n\n随手记。\n", encoding="utf-8")

@@ -19,6 +19,7 @@ from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import TaskEngine
+from kindex.store import refuse_theme_folder
 from kindex.watch import Pending, Update, Watcher
 
 MAX_LOADED_AGENTS = 64
@@ -100,6 +101,7 @@ class ServerState:
             )
         kb = self.handle(agent_id)
         scan(kb.path)  # reads kindex.toml (its exclude): InvalidFileError answers 422 at once
+        refuse_theme_folder(kb.path)  # no step could ever succeed there: 409 at once, not a watcher failing
         with self._lock:
             current = self.watchers.get(agent_id)
             if current is not None and current.thread.is_alive():
