@@ -116,8 +116,8 @@ def test_sigterm_cancels_the_running_task_and_nothing_is_written_after_it(
     before = kb_state(agent)
 
     proc.send_signal(signal.SIGTERM)
-    # uvicorn shuts down gracefully, then re-raises the signal so the exit status still says SIGTERM.
-    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    # uvicorn shuts down gracefully; a stop is how the service ends: exit 0 (uvicorn alone re-raises the signal).
+    assert proc.wait(timeout=60) == 0
     assert proc.stderr is not None and "Application shutdown complete" in proc.stderr.read()
 
     assert len(fake_llm.requests) == 1  # the answer arrived after the cancel; nothing else was asked
@@ -170,6 +170,6 @@ def test_sigterm_answers_the_requests_waiting_for_steps_at_once(
         proc.send_signal(signal.SIGTERM)
         answer = first.result()
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "cancelled", answer.text
-    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
     assert len(fake_llm.requests) == asked + 1  # the waiting step never asked the model
     assert kindex.validate(agent) == []

@@ -107,7 +107,8 @@ def test_kindexs_own_writes_and_other_files_are_not_changes(
     assert running.updates.empty()
 
 
-def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly_on_ctrl_c(sample_kb: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; systemd's and `docker stop`'s stop
+def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly(sample_kb: Path, stop: signal.Signals) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "KINDEX_MODEL": ""}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kindex.cli", "watch", str(sample_kb), "--json", "--debounce", "100"],
@@ -125,7 +126,7 @@ def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly_on_ctrl_c(sampl
         doc.write_text("# 登录排查（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
         line = orjson.loads(proc.stdout.readline())
         assert line["steps"] == ["doc account/登录问题排查.md"] and line["written"] == ["account/index.json"]
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=60) == 0
         assert "stopped watching" in proc.stderr.read()
     finally:

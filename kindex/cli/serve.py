@@ -3,10 +3,12 @@ steps in queue mode (extra ``kindex[queue]``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging.config
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -71,6 +73,14 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
                 # on a thread, since a signal handler must not wait for the engine's lock.
                 threading.Thread(target=stop_steps, name="kindex-stop", daemon=True).start()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # uvicorn raises the stopping signal again once it has shut down (the process then ends 130 or
+                # 143); a stop by Ctrl-C or SIGTERM is how the service ends, a clean exit, 0, as `watch` and `mcp`.
+                getattr(self, "_captured_signals", []).clear()
 
     config = uvicorn.Config(
         app, host=host, port=port, log_config=LOG_CONFIG, access_log=False, timeout_graceful_shutdown=30
