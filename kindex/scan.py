@@ -132,6 +132,11 @@ class Scan:
     def theme_docs(self, dir_name: str) -> tuple[ScannedDoc, ...]:
         """The documents of theme ``dir_name``; :class:`NotAThemeError` when it is not a theme of this scan."""
         docs = self.themes.get(dir_name)
+        if docs is None and not dir_name.strip("./"):
+            raise NotAThemeError(
+                f"'{dir_name}' is the knowledge folder itself, not a theme: the documents directly under it are in "
+                "the root index, which `kindex root` writes"
+            )
         if docs is None:
             known = ", ".join(sorted(self.themes)) or "none"
             raise NotAThemeError(

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from kindex.cli import main
+from kindex.store import read_index
 from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
 
 
@@ -111,6 +112,14 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
 
     code, _, err = run("doc", str(sample_kb), "billing", "/etc/passwd")
     assert code == 1 and "is not a scanned document" in err
+
+    # A newcomer types the path as search prints it, or names a document directly under the KB.
+    code, _, err = run("doc", str(sample_kb), "导读.md")
+    assert code == 2 and "the root index holds its entry, so run `kindex root" in err
+    code, _, err = run("doc", str(sample_kb), ".", "导读.md")
+    assert code == 1 and "'.' is the knowledge folder itself, not a theme" in err
+    code, _, err = run("doc", str(sample_kb), "billing")
+    assert code == 2 and "give the document: `kindex doc KB DIR PATH`" in err
 
     code, _, err = run("reindex", str(sample_kb), "--concurrency", "0")
     assert code == 2 and "Invalid value for '--concurrency'" in err
@@ -252,3 +261,14 @@ def test_validate_quotes_the_theme_in_the_command_it_suggests(tmp_path: Path) ->
     (kb / "my docs" / "b.md").write_text("# B\n\ntext\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["validate", str(kb)])
     assert "my docs/index.json: scanned document 'b.md' has no entry (run `kindex sub KB 'my docs'`)" in result.stdout
+
+
+def test_doc_takes_the_path_as_search_prints_it(sample_kb: Path) -> None:
+    assert run("reindex", str(sample_kb))[0] == 0
+    doc = sample_kb / "billing" / "企业采购" / "对公转账.md"
+    doc.write_text("# 对公转账（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
+    code, out, _ = run("doc", str(sample_kb), "billing/企业采购/对公转账.md")
+    assert code == 0 and "wrote: billing/index.json" in out
+    index = read_index(sample_kb / "billing" / "index.json")
+    entry = None if index is None else index.document("企业采购/对公转账.md")
+    assert entry is not None and entry.title == "对公转账（新）"

@@ -217,7 +217,7 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
 @click.command("doc")
 @kb_arg
 @click.argument("dir_name", metavar="DIR")
-@click.argument("path", metavar="PATH")
+@click.argument("path", metavar="[PATH]", required=False)
 @click.option(
     "--clear-dir",
     is_flag=True,
@@ -225,16 +225,28 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
     "other documents come back with `kindex doc` or `kindex sub` (until then `kindex validate` lists them).",
 )
 @model_opts
-def doc_cmd(kb: str, dir_name: str, path: str, clear_dir: bool, **kw: Any) -> None:
-    """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR.
+def doc_cmd(kb: str, dir_name: str, path: str | None, clear_dir: bool, **kw: Any) -> None:
+    """Merge one document's entry into KB/DIR/index.json. PATH is relative to DIR; the path as search prints it
+    (DIR/PATH) works too. A document directly under KB is in the root index: `kindex root KB` writes it.
 
     One model call for an edited or added document; the theme's other entries are kept.
 
     \b
     Example:
       kindex doc sample_kb billing 退款政策.md
-      kindex doc sample_kb billing 企业采购/对公转账.md
+      kindex doc sample_kb billing/企业采购/对公转账.md
     """
+    if path is None:
+        if "/" not in dir_name.strip("/"):
+            where = (
+                f"'{dir_name}' is a document directly under the knowledge folder: the root index holds its entry, "
+                f"so run `kindex root {kb}`"
+                if dir_name.endswith(".md")
+                else "give the document: `kindex doc KB DIR PATH` (PATH relative to DIR), or DIR/PATH as search "
+                "prints it"
+            )
+            raise click.UsageError(where)
+        dir_name, path = dir_name.strip("/").split("/", 1)
     _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
 
 
