@@ -272,3 +272,10 @@ def test_doc_takes_the_path_as_search_prints_it(sample_kb: Path) -> None:
     index = read_index(sample_kb / "billing" / "index.json")
     entry = None if index is None else index.document("企业采购/对公转账.md")
     assert entry is not None and entry.title == "对公转账（新）"
+
+
+def test_search_says_why_a_named_document_comes_first(sample_kb: Path) -> None:
+    assert run("reindex", str(sample_kb))[0] == 0
+    code, out, _ = run("search", str(sample_kb), "billing/退款政策.md 讲了什么")
+    assert code == 0 and out.splitlines()[0].split()[1] == "billing/退款政策.md"
+    assert "(path in the message" in out.splitlines()[1]

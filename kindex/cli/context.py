@@ -185,6 +185,8 @@ def search(
     if not results:
         click.echo("kindex: no document matches: the question is off topic for this KB", err=True)
     for r in results:
-        why = f"matched {', '.join(r.matched[:6])}" if r.matched else r.reason
+        # Why it is listed: a path the message names or a rule's glob comes first whatever its score, and says so.
+        matched = f"matched {', '.join(r.matched[:6])}" if r.matched else ""
+        why = (matched or r.reason) if r.reason == "matched" else "; ".join(x for x in (r.reason, matched) if x)
         click.echo(f"{r.score:7.2f}  {r.path}  {r.title}")
         click.echo(f"         {r.abstract}  ({why})")
