@@ -173,3 +173,26 @@ def test_sigterm_answers_the_requests_waiting_for_steps_at_once(
     assert proc.wait(timeout=60) == 0
     assert len(fake_llm.requests) == asked + 1  # the waiting step never asked the model
     assert kindex.validate(agent) == []
+
+
+def test_a_kb_given_as_kb_root_is_said_at_start_and_ctrl_c_ends_0(kb_root: Path) -> None:
+    kb = kb_root / "agent1"
+    kindex.reindex(kb)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kindex.cli", "serve", "--kb-root", str(kb), "--port", "0"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        head = []
+        for line in proc.stderr:
+            head.append(line)
+            if "running on" in line:
+                break
+        assert any("holds an index.json itself: --kb-root is the folder that holds one" in h for h in head), head
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()

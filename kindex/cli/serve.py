@@ -17,8 +17,10 @@ import click
 from kindex.cli.index import concurrency_opt
 from kindex.cli.options import kb_root_opt
 from kindex.errors import KindexError, UsageError, missing_extra
+from kindex.files import regular_file
 from kindex.hosts import loopback
 from kindex.jsonlog import LOG_CONFIG
+from kindex.records import INDEX_FILE
 
 
 @click.command()
@@ -61,7 +63,13 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
     app = create_app(kb_root, token=token, host=host, concurrency=concurrency, queue=queue)
     auth = "bearer token required" if token else "no token: loopback only"
     mode = f"steps queued on {_redacted(queue)}" if queue else "steps run in this process"
-    logging.getLogger("kindex").info(f"kindex: serving {kb_root} ({auth}; {mode}); OpenAPI at /docs")
+    log = logging.getLogger("kindex")
+    log.info(f"kindex: serving {kb_root} ({auth}; {mode}); OpenAPI at /docs")
+    if regular_file(Path(kb_root) / INDEX_FILE):  # said at the start, not at the first request
+        log.warning(
+            f"kindex: {kb_root} holds an index.json itself: --kb-root is the folder that holds one knowledge folder "
+            "per agent (<kb-root>/<agent_id>/), not a knowledge folder"
+        )
     _check_port(host, port)
     stop_steps = app.state.tasks.stop
 
