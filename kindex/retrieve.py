@@ -254,8 +254,8 @@ class _Loaded:
     matchers: dict[str, Any] = field(default_factory=dict)
     """The compiled ``paths`` globs of this index, filled on first use."""
     folded: dict[str, int] | None = None
-    """Unconditional documents by case-folded path, and by file name where one document has it (-1 where several
-    do): how a path written in a message names a document (:func:`_named`); made on first use."""
+    """Unconditional documents in a folder by case-folded path (-1 where two paths differ only in case): how a path
+    written in a message names a document (:func:`_named`); made on first use."""
 
 
 MAX_WARNINGS = 10
@@ -910,31 +910,35 @@ def _scope(message: str, paths: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _named(loaded: _Loaded, written: list[str]) -> list[int]:
-    """The unconditional documents that paths written in the message name: a document's path, or a longer path
-    ending in it at a folder (``docs/zh/tutorial/cors.md`` from the repository's root), or a bare file name only
-    one document has, letter case aside. An attachment path is the user's own file, not a pointer into the KB;
-    a conditional document enters through its globs only (SPEC §6.4)."""
+    """The unconditional documents that paths written in the message name: a document's path (``tutorial/cors.md``),
+    or a longer path ending in it at a folder (``docs/zh/tutorial/cors.md``, from the repository's root); the exact
+    letter case first, else another one if only one document has the path so. Only a path with a folder names a
+    document: a bare file name (``index.md``, ``README.md``) is as often the user's own file, or the tail of a name
+    with a space the message cut (``Release Checklist.md``). An attachment path is the user's own file too; a
+    conditional document enters through its globs only (SPEC §6.4)."""
     if not written:
         return []
     if loaded.folded is None:
         folded: dict[str, int] = {}
         for i, doc in enumerate(loaded.index.docs):
-            if loaded.unconditional[i]:
-                name = doc.path.rpartition("/")[2].casefold()
-                folded[name] = -1 if name in folded else i
-        for i, doc in enumerate(loaded.index.docs):
-            if loaded.unconditional[i]:
-                folded[doc.path.casefold()] = i
+            if loaded.unconditional[i] and "/" in doc.path:
+                key = doc.path.casefold()
+                folded[key] = -1 if key in folded else i  # two paths apart only in case: neither by case-folding
         loaded.folded = folded
     out: list[int] = []
     for path in written:
-        if len(path) > MAX_PATH_CHARS:
-            continue  # no document's path is longer
-        parts = path.casefold().split("/")[-MAX_PATH_SEGMENTS:]
-        # The whole path, then shorter endings down to a folder and a file (a bare file name of a folder's names
-        # nothing): at most MAX_PATH_SEGMENTS lookups of at most MAX_PATH_CHARS each.
-        keys = ["/".join(parts[i:]) for i in range(max(len(parts) - 1, 1))]
-        idx = next((i for key in keys if (i := loaded.folded.get(key, -1)) >= 0), -1)
+        if len(path) > MAX_PATH_CHARS or "/" not in path:
+            continue  # no document's path is longer; a bare name names none
+        parts = path.split("/")[-MAX_PATH_SEGMENTS:]
+        # The whole path, then shorter endings down to a folder and a file: at most MAX_PATH_SEGMENTS lookups of at
+        # most MAX_PATH_CHARS each, in the exact case, then folded.
+        idx = -1
+        for i in range(len(parts) - 1):
+            key = "/".join(parts[i:])
+            exact = loaded.by_path.get(key, -1)
+            idx = exact if exact >= 0 and loaded.unconditional[exact] else loaded.folded.get(key.casefold(), -1)
+            if idx >= 0:
+                break
         if idx >= 0 and idx not in out:
             out.append(idx)
     return out

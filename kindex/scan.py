@@ -33,7 +33,7 @@ from kindex.errors import (
     UsageError,
 )
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
-from kindex.globs import any_match
+from kindex.globs import any_match, normalize_path
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
@@ -132,7 +132,7 @@ class Scan:
     def theme_docs(self, dir_name: str) -> tuple[ScannedDoc, ...]:
         """The documents of theme ``dir_name``; :class:`NotAThemeError` when it is not a theme of this scan."""
         docs = self.themes.get(dir_name)
-        if docs is None and not dir_name.strip("./"):
+        if docs is None and normalize_path(dir_name) in ("", "."):
             raise NotAThemeError(
                 f"'{dir_name}' is the knowledge folder itself, not a theme: the documents directly under it are in "
                 "the root index, which `kindex root` writes"

@@ -21,6 +21,9 @@ from kindex.files import read_regular, regular_file
 from kindex.records import INDEX_FILE, Index, parse_index
 
 STATE_DIR = ".kindex"
+_MAX_PARENT_INDEX_BYTES = 16 * 2**20
+"""A root index larger than this is no KB's (10,000 root documents' entries take about 3 MB): not parsed to tell
+whether a folder below is one of its themes."""
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
@@ -172,11 +175,21 @@ def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:
     parent = kb.parent
     if parent == kb or not regular_file(parent / INDEX_FILE):
         return
+    # Every search of a KB looks here: the bytes are searched for the name before anything is parsed, a parent
+    # index larger than any root index is not parsed, and only kindex's own form counts (another tool's
+    # index.json listing "themes" is no KB above).
     try:
-        above, _ = read_index_file(parent / INDEX_FILE)
+        data = read_regular(parent / INDEX_FILE, _MAX_PARENT_INDEX_BYTES)
     except (OSError, KindexError):
         return  # not an index kindex can read: nothing of it to break
-    if any(t.dir == kb.name for t in above.themes):
+    if len(data) > _MAX_PARENT_INDEX_BYTES or orjson.dumps(kb.name) not in data:
+        return
+    try:
+        above = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    themes = above.get("themes") if isinstance(above, dict) and above.get("version") == 1 else None
+    if isinstance(themes, list) and any(isinstance(t, dict) and t.get("dir") == kb.name for t in themes):
         # Names, not paths, as every core message: this one reaches an HTTP service's tenants too. And no quoted
         # command, which the service rewords as this agent's route: the folder meant is not an agent.
         if reading:

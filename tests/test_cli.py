@@ -115,9 +115,14 @@ def test_errors_have_clear_messages_and_exit_codes(sample_kb: Path, tmp_path: Pa
 
     # A newcomer types the path as search prints it, or names a document directly under the KB.
     code, _, err = run("doc", str(sample_kb), "导读.md")
-    assert code == 2 and "the root index holds its entry, so run `kindex root" in err
+    assert code == 2 and "'导读.md' is directly under the knowledge folder: the root index holds" in err
+    assert "run `kindex root" in err
+    code, _, err = run("doc", str(sample_kb), ".")
+    assert code == 2 and "'.' is the knowledge folder itself: the root index holds" in err
     code, _, err = run("doc", str(sample_kb), ".", "导读.md")
     assert code == 1 and "'.' is the knowledge folder itself, not a theme" in err
+    code, _, err = run("doc", str(sample_kb), "..", "x.md")
+    assert code == 1 and "'..' is not a theme" in err
     code, _, err = run("doc", str(sample_kb), "billing")
     assert code == 2 and "give the document: `kindex doc KB DIR PATH`" in err
 
@@ -267,8 +272,9 @@ def test_doc_takes_the_path_as_search_prints_it(sample_kb: Path) -> None:
     assert run("reindex", str(sample_kb))[0] == 0
     doc = sample_kb / "billing" / "企业采购" / "对公转账.md"
     doc.write_text("# 对公转账（新）\n\n" + doc.read_text(encoding="utf-8"), encoding="utf-8")
-    code, out, _ = run("doc", str(sample_kb), "billing/企业采购/对公转账.md")
-    assert code == 0 and "wrote: billing/index.json" in out
+    for given in ("billing/企业采购/对公转账.md", "./billing\\企业采购/对公转账.md", str(doc)):
+        code, out, _ = run("doc", str(sample_kb), given)
+        assert code == 0 and "1/1 steps" in out, given
     index = read_index(sample_kb / "billing" / "index.json")
     entry = None if index is None else index.document("企业采购/对公转账.md")
     assert entry is not None and entry.title == "对公转账（新）"

@@ -749,3 +749,20 @@ def test_a_theme_folder_given_as_a_kb_is_refused_and_left_as_it_was(indexed: Pat
     (indexed / "notes").mkdir()
     (indexed / "notes" / "a.md").write_text("# 笔记\n\n随手记。\n", encoding="utf-8")
     assert kindex.reindex(indexed / "notes").written
+
+
+def test_only_kindex_s_own_index_above_makes_a_folder_a_theme(tmp_path: Path) -> None:
+    # Another tool's index.json in the folder above (a site's manifest listing "themes") refused every search of a
+    # KB below it; a hostile 12 MB one was parsed (6.8 s, 1.3 GB) by every search.
+    kb = tmp_path / "docs"
+    kb.mkdir()
+    (kb / "a.md").write_text("# 退款\n\n七天内可退。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    above = tmp_path / "index.json"
+    above.write_text('{"name": "my-site", "version": "2.3.1", "themes": [{"dir": "docs", "color": "dark"}]}')
+    assert kindex.Retriever(kb).search("退款")[0].path == "a.md"
+    above.write_bytes(b'{"version": 1, "themes": [' + b'{"dir": "docs"},' * 1_200_000 + b'{"dir": "x"}]}')
+    assert kindex.Retriever(kb).search("退款")[0].path == "a.md"  # larger than any root index: not parsed
+    above.write_text('{"version": 1, "themes": [{"dir": "other"}, {"dir": "docs"}], "documents": []}')
+    with pytest.raises(kindex.ThemeFolderError):
+        kindex.Retriever(kb)  # looked at when a KB's handle is made

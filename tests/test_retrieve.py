@@ -1001,7 +1001,6 @@ def test_a_thematic_break_is_no_list_item_that_keeps_a_fence_open() -> None:
     [
         ("billing/退款政策.md", "billing/退款政策.md"),
         ("看一下 docs/kb/billing/退款政策.md 这篇", "billing/退款政策.md"),  # from the repository's root
-        ("rate-limits.md", "developer/rate-limits.md"),  # a file name one document has
         ("DEVELOPER/RATE-LIMITS.MD", "developer/rate-limits.md"),
         ("今天天气怎么样 sync/离线模式.md", "sync/离线模式.md"),  # named: served though the words are off topic
         ("a/" * 1000 + "billing/退款政策.md", "billing/退款政策.md"),  # its last 64 folders are looked at
@@ -1020,7 +1019,10 @@ def test_a_document_named_by_its_path_comes_first(indexed: Path, message: str, f
     "message",
     [
         "other/rate-limits.md",  # another folder's file of that name
-        "前端组件编码规范.md",  # a conditional document: its globs decide (SPEC §6.4)
+        "rate-limits.md",  # a bare name is as often the user's own file (README.md, index.md)
+        "导读.md 里说的",
+        "Please follow ops/Release 退款政策.md",  # the tail of a name with a space, which the message cut
+        "developer/前端组件编码规范.md",  # a conditional document: its globs decide (SPEC §6.4)
         "今天天气怎么样 notes/离线模式.txt",
         "a" * 5000 + "/billing/退款政策.md",  # longer than any path: not looked up
     ],
@@ -1061,3 +1063,14 @@ def test_a_kb_copied_with_new_times_keeps_its_saved_tables(indexed: Path, tmp_pa
     theme.write_bytes(theme.read_bytes().replace("退款".encode(), "退货".encode(), 1))  # the same size, changed
     kindex.kb.clear_cache()
     assert kindex.retrieve.STALE_TABLES in kindex.build_context(copy, "退款多久到账").warnings
+
+
+def test_paths_apart_only_in_case_are_named_exactly_or_not_at_all(tmp_path: Path) -> None:
+    kb = tmp_path / "kb"
+    for name in ("Setup.md", "setup.md"):
+        (kb / "a").mkdir(parents=True, exist_ok=True)
+        (kb / "a" / name).write_text(f"# {name}\n\n安装步骤。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    first = kindex.search(kb, "a/Setup.md")[0]
+    assert (first.path, first.reason) == ("a/Setup.md", "path in the message")
+    assert all(h.reason != "path in the message" for h in kindex.search(kb, "A/SETUP.MD", min_relevance=0))

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ import orjson
 from kindex import generate
 from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg
 from kindex.config import RESPONSE_FORMATS
+from kindex.globs import normalize_path
 from kindex.kb import Settings
 from kindex.llm import LLMSettings
 from kindex.results import RunReport
@@ -237,17 +239,30 @@ def doc_cmd(kb: str, dir_name: str, path: str | None, clear_dir: bool, **kw: Any
       kindex doc sample_kb billing/企业采购/对公转账.md
     """
     if path is None:
-        if "/" not in dir_name.strip("/"):
-            where = (
-                f"'{dir_name}' is a document directly under the knowledge folder: the root index holds its entry, "
-                f"so run `kindex root {kb}`"
-                if dir_name.endswith(".md")
-                else "give the document: `kindex doc KB DIR PATH` (PATH relative to DIR), or DIR/PATH as search "
-                "prints it"
+        rel = _in_kb(kb, dir_name)
+        if "/" not in rel:
+            root = f"the root index holds the entries of documents directly under it: run `kindex root {kb}`"
+            if rel in ("", "."):
+                raise click.UsageError(f"'{dir_name}' is the knowledge folder itself: {root}")
+            if rel.endswith(".md"):
+                raise click.UsageError(f"'{dir_name}' is directly under the knowledge folder: {root}")
+            raise click.UsageError(
+                "give the document: `kindex doc KB DIR PATH` (PATH relative to DIR), or DIR/PATH as search prints it"
             )
-            raise click.UsageError(where)
-        dir_name, path = dir_name.strip("/").split("/", 1)
+        dir_name, path = rel.split("/", 1)
     _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
+
+
+def _in_kb(kb: str, given: str) -> str:
+    """``given`` as a KB-relative path: as written (``billing/a.md``, ``./billing/a.md``, ``billing\\a.md``), or
+    a path to the file itself, absolute or from here, that lies in KB (``/srv/kb/billing/a.md``)."""
+    try:
+        target = Path(given).resolve()
+        if (Path(given).is_absolute() or target.exists()) and target.is_relative_to(root := Path(kb).resolve()):
+            return target.relative_to(root).as_posix()
+    except (OSError, ValueError):  # a name too long, a NUL
+        pass
+    return normalize_path(given)
 
 
 @click.command()
