@@ -158,6 +158,11 @@ path): the header names the path already."""
 MIN_SERVED_TOKENS = 20
 _SEPARATOR = "\n\n"
 _README_NAMES = ("readme.md", "index.md")
+OVERVIEW_PAGE_TOKENS = 1500
+"""What the KB's own README or index page serves when it stands in for the overview (no overview document of
+``fallback_docs`` exists): its head, about a page. Such a page is often a project's home page (FastAPI's index.md:
+badges, sponsors, templates), and it took the whole budget (6,000 tokens) of every ``你好``; an overview document
+the KB names is written to be one, and is served as the budget allows."""
 
 
 # -- the loaded index ---------------------------------------------------------------------------------------------
@@ -813,6 +818,8 @@ class _Hit:
     read: tuple[str, bool] | None = None
     """The text already read (:func:`_readable`): a fallback document is read once, to tell that it says
     something and to serve it."""
+    cap: int | None = None
+    """At most this many tokens of it are served (``OVERVIEW_PAGE_TOKENS``), whatever the budget left."""
 
     @property
     def title(self) -> str:
@@ -1123,7 +1130,7 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
         if name not in seen and (read := _readable(root, name)) is not None:
             idx = loaded.by_path.get(name, -1)
             entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
-            return [_Hit(idx, name, "document", entry, 0.0, "fallback", read)]
+            return [_Hit(idx, name, "document", entry, 0.0, "fallback", read, OVERVIEW_PAGE_TOKENS)]
     return [_overview_hit()]
 
 
@@ -1173,6 +1180,9 @@ def _assemble(
         if not visible(text):
             continue  # emptied since it was indexed, or only a comment: nothing to hand over
         room = left - (units(_SEPARATOR) if parts else 0)
+        spare = 0  # what a capped hit leaves of the room for the ones after it
+        if hit.cap is not None and room > hit.cap * 100:
+            spare, room = room - hit.cap * 100, hit.cap * 100
         headers: tuple[str, ...] = (f"## {one_line(hit.title or hit.path)}\n(source: {one_line(hit.path)})\n\n",)
         if not parts:  # a small budget (or a long path): the first document's text before its header's words
             headers += (f"(source: {one_line(hit.path)})\n\n", "")
@@ -1190,9 +1200,9 @@ def _assemble(
                 break  # not even a character fits: the budget is spent
             text = fitted + mark
         chunk = header + text
-        left = room + units(header) - units(chunk)
-        if truncated:
-            left = 0  # the cut document is the last one
+        left = room + units(header) - units(chunk) + spare
+        if truncated and not spare:
+            left = 0  # the cut document is the last one (one cut at its cap leaves the rest of the budget)
         parts.append(chunk)
         items.append(hit.item(scored.shown(matched), truncated=truncated, tokens=estimate_tokens(chunk)))
     return Context.model_construct(

@@ -1074,3 +1074,23 @@ def test_paths_apart_only_in_case_are_named_exactly_or_not_at_all(tmp_path: Path
     first = kindex.search(kb, "a/Setup.md")[0]
     assert (first.path, first.reason) == ("a/Setup.md", "path in the message")
     assert all(h.reason != "path in the message" for h in kindex.search(kb, "A/SETUP.MD", min_relevance=0))
+
+
+def test_a_home_page_standing_in_for_the_overview_serves_its_head_only(tmp_path: Path) -> None:
+    # A newcomer's `你好` to FastAPI's docs got 5,975 of 6,000 tokens of its home page (badges, sponsors, templates).
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    page = "# Project\n\nWhat this documentation covers.\n\n" + "\n\n".join(
+        f"## Part {i}\n\n" + "正文。" * 300 for i in range(20)
+    )
+    (kb / "index.md").write_text(page, encoding="utf-8")
+    (kb / "t" / "refund.md").write_text("# 退款\n\n退款政策说明。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, "你好", budget_tokens=6000)
+    assert [(i.path, i.truncated) for i in ctx.items] == [("index.md", True)]
+    assert 1000 < ctx.items[0].tokens <= kindex.retrieve.OVERVIEW_PAGE_TOKENS  # cut at a section or paragraph
+    assert "What this documentation covers" in ctx.text
+    # An overview document the KB names is one: served as the budget allows.
+    (kb / "导读.md").write_text(page, encoding="utf-8")
+    ctx = kindex.build_context(kb, "你好", budget_tokens=6000)
+    assert ctx.items[0].path == "导读.md" and ctx.items[0].tokens > 5000
