@@ -1,8 +1,8 @@
 """Scanning a knowledge folder (SPEC §2): which Markdown documents exist, their excerpts and their signals.
 
-A scan walks the whole folder every time, but reads only the documents that changed since the last one: what it
-read is remembered in ``.kindex/scan.json`` under each file's stat signature, so a ``doc`` step on one edited
-document of 10,000 costs that document's read, not the KB's.
+A scan walks the whole folder every time, but reads only the documents that changed since a step last remembered
+them: what a step's scan read is kept in ``.kindex/scan.json`` under each file's stat signature, so a ``doc`` step
+on one edited document of 10,000 costs that document's read, not the KB's.
 
 Long because the scan, its memory of what it read and the readers of one document share ``ScannedDoc``'s layout.
 """
@@ -203,7 +203,8 @@ def scan(
 
     A document whose size, modification and change times and inode are those of the last scan is taken from
     ``.kindex/scan.json`` instead of being read, unless ``reuse`` is false or ``read_again`` names it or its
-    folder (KB-relative). What was read is remembered there when ``.kindex/`` exists (a KB kindex has indexed).
+    folder (KB-relative). A step writes what its scan read there (:meth:`Scan.remember`); a scan alone writes
+    nothing.
     """
     root = kb_folder(kb)
     if root == Path(root.anchor):
