@@ -371,7 +371,8 @@ def without_root(message: str, kb_root: Path) -> str:
     """``message`` without the path of ``kb_root`` (as given and resolved): an agent's folder named from the agents'
     folder, that folder itself as "the agents' folder". What a service's tenants read holds no path of its machine;
     a worker started on a path of its own words its task errors so before it records them."""
-    for root in dict.fromkeys((str(kb_root), str(kb_root.resolve()))):
+    # The longer first: one path may hold the other (/srv and /srv/real), whose rest would be left behind.
+    for root in sorted({str(kb_root), str(kb_root.resolve())}, key=len, reverse=True):
         message = message.replace(f"{root}/", "").replace(root, "the agents' folder")
     return message
 

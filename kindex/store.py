@@ -182,7 +182,11 @@ def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:
         data = read_regular(parent / INDEX_FILE, _MAX_PARENT_INDEX_BYTES)
     except (OSError, KindexError):
         return  # not an index kindex can read: nothing of it to break
-    if len(data) > _MAX_PARENT_INDEX_BYTES or orjson.dumps(kb.name) not in data:
+    try:
+        name = orjson.dumps(kb.name)
+    except orjson.JSONEncodeError:  # a folder name that is not UTF-8: no index kindex writes can list it
+        return
+    if len(data) > _MAX_PARENT_INDEX_BYTES or name not in data:
         return
     try:
         above = orjson.loads(data)

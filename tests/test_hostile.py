@@ -764,5 +764,21 @@ def test_only_kindex_s_own_index_above_makes_a_folder_a_theme(tmp_path: Path) ->
     above.write_bytes(b'{"version": 1, "themes": [' + b'{"dir": "docs"},' * 1_200_000 + b'{"dir": "x"}]}')
     assert kindex.Retriever(kb).search("退款")[0].path == "a.md"  # larger than any root index: not parsed
     above.write_text('{"version": 1, "themes": [{"dir": "other"}, {"dir": "docs"}], "documents": []}')
+    odd = tmp_path / os.fsdecode(b"kb\xff")  # a folder name that is not UTF-8 crashed the check with a TypeError
+    shutil.copytree(kb, odd)
+    assert kindex.Retriever(odd).search("退款")[0].path == "a.md"
     with pytest.raises(kindex.ThemeFolderError):
         kindex.Retriever(kb)  # looked at when a KB's handle is made
+
+
+def test_a_root_path_inside_another_is_taken_out_whole(tmp_path: Path) -> None:
+    # --kb-root given as a link whose path is the start of its target's ("/t/l" to "/t/l2/real"): replaced as given
+    # first, the target's path read "the agents' folder2/real/agent1/…", its tail leaking.
+    from kindex.kb import without_root
+
+    (tmp_path / "l2" / "real").mkdir(parents=True)
+    (tmp_path / "l").symlink_to(tmp_path / "l2" / "real", target_is_directory=True)
+    message = f"{tmp_path}/l2/real/agent1/.kindex/answers.sqlite is not a regular file; {tmp_path}/l is the root"
+    assert without_root(message, tmp_path / "l") == (
+        "agent1/.kindex/answers.sqlite is not a regular file; the agents' folder is the root"
+    )
