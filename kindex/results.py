@@ -209,7 +209,8 @@ class Context(Result):
     warnings: tuple[str, ...] = Field(
         default=(),
         description="What is wrong with the index this answer came from (an unreadable theme index, search tables "
-        "rebuilt in memory because they were missing or stale), each saying what to run; empty when all is well.",
+        "rebuilt in memory because they were missing or stale) or with the call (a chosen fallback document that "
+        "cannot serve), each saying what to do; empty when all is well.",
     )
 
     def model_post_init(self, context: Any, /) -> None:

@@ -48,7 +48,7 @@ from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
 from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
-from kindex.scan import document_start, kb_folder
+from kindex.scan import document_start, kb_folder, servable
 from kindex.searchindex import (
     FIELDS,
     SEARCH_FILE,
@@ -1088,13 +1088,31 @@ class Retriever:
             # The documents the paths bring in took the whole budget: no overview document to announce.
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
-        if loaded.warnings:
-            ctx = ctx.model_copy(update={"warnings": loaded.warnings})
+        warnings = loaded.warnings + _unservable(root, fallback_docs)
+        if warnings:
+            ctx = ctx.model_copy(update={"warnings": warnings})
         return ctx
 
     def warnings(self) -> tuple[str, ...]:
         """What is wrong with the index the current tables came from (see :attr:`Context.warnings`)."""
         return self.loaded().warnings
+
+
+def _unservable(root: Path, names: Sequence[str]) -> tuple[str, ...]:
+    """A warning for each fallback document the caller chose that cannot serve, on every call: a misspelt name must
+    show before the first off-topic message needs it. The defaults are names a KB may well not have."""
+    if tuple(names) == DEFAULT_FALLBACK_DOCS:
+        return ()
+    missing = [name for name in list(dict.fromkeys(names))[:MAX_WARNINGS] if not servable(root, normalize_path(name))]
+    return tuple(
+        f"fallback document {_quoted(name)} does not exist or is not a .md file in the KB: the next overview in "
+        "line serves (fallback_docs: the call's, KINDEX_FALLBACK_DOCS or kindex.toml)"
+        for name in missing
+    )
+
+
+def _quoted(name: str) -> str:
+    return repr(name if len(name) <= 100 else name[:99] + "…")
 
 
 def _overview_hit() -> _Hit:

@@ -192,6 +192,17 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["billing/套餐与价格.md", "nope.md", "../x.md"])
     assert ctx.fallback and [i.path for i in ctx.items] == ["billing/套餐与价格.md"]
     assert ctx.text.startswith("## ")
+    # The names the caller chose that cannot serve are said on every call, matched or not; the defaults never are.
+    said = "does not exist or is not a .md file in the KB: the next overview in line serves"
+    assert [w.split(" does not")[0] for w in ctx.warnings] == [
+        "fallback document 'nope.md'",
+        "fallback document '../x.md'",
+    ]
+    assert all(said in w for w in ctx.warnings)
+    matched = kindex.build_context(indexed, "怎么申请退款", fallback_docs=["nope.md"])
+    assert not matched.fallback and matched.warnings == (matched.warnings[0],) and "'nope.md'" in matched.warnings[0]
+    assert kindex.build_context(indexed, "讲个笑话").warnings == ()
+    assert len(kindex.build_context(indexed, "x", fallback_docs=[f"{i}.md" for i in range(50)]).warnings) == 10
 
 
 def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexed: Path) -> None:

@@ -76,6 +76,11 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     off = {"message": "讲个笑话", "fallback_docs": ["billing/套餐与价格.md"]}
     body = call(app, "POST", f"{BASE}/context", json=off).json()
     assert body["fallback"] and [i["path"] for i in body["items"]] == ["billing/套餐与价格.md"]
+    assert body["warnings"] == []
+    off["fallback_docs"] = ["导览.md", "billing/套餐与价格.md"]
+    body = call(app, "POST", f"{BASE}/context", json=off).json()
+    assert [i["path"] for i in body["items"]] == ["billing/套餐与价格.md"]
+    assert [w.split(" or ")[0] for w in body["warnings"]] == ["fallback document '导览.md' does not exist"]
     strict = {"message": "Kubernetes 上能退款吗", "min_relevance": 1.0}
     assert call(app, "POST", f"{BASE}/context", json=strict).json()["fallback"]
 

@@ -11,14 +11,12 @@ import orjson
 
 from kindex.cli.options import json_opt, kb_arg
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
-from kindex.globs import normalize_path
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
     Retriever,
 )
-from kindex.scan import servable
 from kindex.skillmodel import SkillShelf
 
 MAX_MESSAGE_BYTES = 8 * 2**20
@@ -128,16 +126,6 @@ def context(
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
         click.echo(ctx.text)
-    source = settings.sources["fallback_docs"]
-    if source != "default":  # the defaults are names a KB may well not have
-        where = "--fallback" if source == "flag" else source
-        for name in settings["fallback_docs"]:
-            if not servable(retriever.root, normalize_path(name)):
-                click.echo(
-                    f"kindex: fallback document {name!r} ({where}) does not exist or is not a .md file in {kb}: "
-                    "the next overview in line serves",
-                    err=True,
-                )
     for path in ctx.missing:
         click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
     _note_warnings(ctx.warnings)
