@@ -573,7 +573,15 @@ def test_a_knowledge_folder_given_as_the_root_neither_breaks_nor_misleads(tmp_pa
 
     r = call(app, "POST", "/v1/agents/billing/knowledge/reindex")
     assert r.status_code == 409 and r.json()["error"]["code"] == "theme_folder", r.text
-    assert "kindex sub" in r.json()["error"]["message"] and str(tmp_path) not in r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("agent 'billing''s folder is a theme of the knowledge folder above it")
+    assert "--kb-root set to the folder that holds one knowledge folder per agent" in message
+    assert "kindex " not in message and str(tmp_path) not in r.text
+    for route in ("context", "reindex/preview", "watch"):  # reads and the watcher say the same
+        method = "PUT" if route == "watch" else "POST" if route == "context" else "GET"
+        body = {"message": "退款"} if route == "context" else None
+        r = call(app, method, f"/v1/agents/billing/knowledge/{route}", json=body)
+        assert r.status_code == 409 and r.json()["error"]["message"] == message, (route, r.text)
     r = call(app, "GET", "/v1/agents/agent1/knowledge/reindex/preview")
     assert r.status_code == 404 and "--kb-root holds an index.json" in r.json()["error"]["message"]
     assert str(tmp_path) not in r.text

@@ -24,10 +24,12 @@ from kindex.errors import (
     MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
+    ThemeFolderError,
     UnauthorizedError,
     UsageError,
 )
 from kindex.kb import AGENT_ID, without_root
+from kindex.records import INDEX_FILE
 from kindex.server import schemas
 from kindex.server.logs import log_access
 
@@ -39,12 +41,20 @@ _PID_HOST = re.compile(r", pid \d{1,10} on [^,;)]{1,255}")
 _CLI_ADVICE = re.compile(r"`kindex (reindex|root|sub|doc)[^`]{0,300}`")
 
 
-def for_http(message: str, root: Path, agent_id: str | None) -> str:
-    """A core error message as an HTTP client should read it: paths relative to the agents' folder, no process id
-    or host name of the server, and the route to call instead of the command to type."""
+def for_http(message: str, root: Path, agent_id: str | None, code: str | None = None) -> str:
+    """A core error message (of error ``code``) as an HTTP client should read it: paths relative to the agents'
+    folder, no process id or host name of the server, and the route to call instead of the command to type."""
+    agent = agent_id if isinstance(agent_id, str) and AGENT_ID.fullmatch(agent_id) else "{agent_id}"
+    if code == ThemeFolderError.code:
+        # The folder above an agent's is --kb-root itself (or, through a link, a folder outside it): the fix is
+        # the service's command line or the folder's layout, not a command or route the tenant could send.
+        return (
+            f"agent {agent!r}'s folder is a theme of the knowledge folder above it (that folder's {INDEX_FILE} lists "
+            "it): served or indexed on its own it would break that index. When that folder is the service's "
+            "--kb-root, start the service with --kb-root set to the folder that holds one knowledge folder per agent"
+        )
     message = without_root(message[:2000], root)
     message = _PID_HOST.sub("", message)
-    agent = agent_id if isinstance(agent_id, str) and AGENT_ID.fullmatch(agent_id) else "{agent_id}"
     routes = {"reindex": "reindex", "root": "reindex/root", "sub": "reindex/sub", "doc": "reindex/sub/doc"}
     return _CLI_ADVICE.sub(lambda m: f"POST /v1/agents/{agent}/knowledge/{routes[m.group(1)]}", message)
 
@@ -107,7 +117,7 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
 
     @app.exception_handler(KindexError)
     async def kindex_error(request: Request, exc: KindexError) -> JSONResponse:
-        message = for_http(exc.message, request.app.state.kb_root, request.path_params.get("agent_id"))
+        message = for_http(exc.message, request.app.state.kb_root, request.path_params.get("agent_id"), exc.code)
         return error_response(exc, message)
 
     def guard_first(request: Request) -> JSONResponse | None:

@@ -49,7 +49,7 @@ def _for_tenant(task: TaskModel, root: Path) -> TaskModel:
     message as raised, in a thread or on a worker that knows nothing of HTTP."""
     if task.error is None:
         return task
-    message = for_http(task.error.message, root, task.agent_id)
+    message = for_http(task.error.message, root, task.agent_id, task.error.code)
     return task.model_copy(update={"error": task.error.model_copy(update={"message": message})})
 
 
