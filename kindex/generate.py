@@ -345,6 +345,8 @@ class _Runner:
         """A model call of this run reached the server (an error status counts): a connection failure after it is
         one document's, not the run's, unless they follow one another (``_unreachable_in_a_row``)."""
         self._unreachable_in_a_row = 0
+        self.indexed: set[str] = set()
+        """Documents whose entries this step made from the scan's read (a failed one keeps an older entry)."""
 
     @property
     def sem(self) -> asyncio.Semaphore:
@@ -444,6 +446,7 @@ class _Runner:
         else:
             index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
             self.report.notes.extend(f"index.json: {n}" for n in notes)
+            self.indexed.update(d.rel for d in s.root_docs)
         if authored:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)
             index = Index(themes=themes, documents=index.documents).sorted()
@@ -496,6 +499,8 @@ class _Runner:
                 )
         if item is None:
             item = self._fallback_doc(d, previous)
+        else:
+            self.indexed.add(d.rel)
         self._tick("doc", d.rel)
         return item
 
@@ -541,7 +546,7 @@ class _Runner:
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
-        self.scan.remember()
+        self.scan.remember(self.indexed.__contains__)
 
     async def reindex(self) -> None:
         s = self.scan

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,13 +108,24 @@ class Scan:
     of that text must not be kept under the document's scanned digest."""
     memory: _Memory | None = field(default=None, repr=False, compare=False)
 
-    def remember(self) -> None:
+    def remember(self, indexed: Callable[[str], bool] = lambda rel: True) -> None:
         """Write what this scan read to ``.kindex/scan.json`` (best effort), so that the next scan reads only what
-        changed: a step calls it once it has written the KB's index. Documents :meth:`read_text` found changed
-        since the scan are left out: read again next time."""
+        changed: a step calls it once it has written the KB's index, with ``indexed`` telling the documents whose
+        entries it wrote from this scan. Of any other document, and of one :meth:`read_text` found changed since
+        the scan, the read its entry was made from stays remembered: the next scan reads it again, and
+        :meth:`changed` names it until a step indexes it."""
         if self.memory is not None:
-            self.memory.forget(self.stand_ins)
+            self.memory.settle(indexed, self.stand_ins)
             self.memory.save(self.kb)
+
+    def changed(self) -> tuple[str, ...]:
+        """Documents whose text differs from what the step that last indexed them read (their entries may be out of
+        date), as far as ``.kindex/scan.json`` tells: nothing without it (a first run, another kindex version,
+        Windows)."""
+        if self.memory is None:
+            return ()
+        rows, seen = self.memory.rows, self.memory.seen
+        return tuple(rel for rel, row in seen.items() if (old := rows.get(rel)) is not None and old[5] != row[5])
 
     @property
     def unreadable(self) -> bool:
@@ -365,16 +376,18 @@ class _Memory:
     commands that only read (``validate``, ``preview``, a service's checks) use it without writing.
     """
 
-    def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]]) -> None:
+    def __init__(self, excerpt_chars: int, rows: dict[str, list[Any]], trusted: bool = True) -> None:
         self.excerpt_chars = excerpt_chars
         """The excerpt length of the rows: the longest any scan asked for, so a shorter one is cut from them."""
         self.rows = rows
+        self.trusted = trusted
+        """Whether rows may stand in for reads; untrusted ones only tell which documents changed since."""
         self.seen: dict[str, list[Any]] = {}
         self.changed = False
 
     @classmethod
     def load(cls, kb: Path, excerpt_chars: int, reuse: bool) -> _Memory:
-        if not reuse or os.name == "nt":  # every document is read, and what was read replaces what was remembered
+        if os.name == "nt":
             return cls(excerpt_chars, {})
         try:
             obj = orjson.loads(read_regular(kb / STATE_DIR / SCAN_FILE, _MAX_SCAN_FILE_BYTES))
@@ -383,10 +396,12 @@ class _Memory:
         if type(obj) is not dict or obj.get("format") != _SCAN_FORMAT or obj.get("kindex") != __version__:
             return cls(excerpt_chars, {})
         length, rows = obj.get("excerpt_chars"), obj.get("docs")
-        if type(length) is not int or length < excerpt_chars or type(rows) is not dict:
+        if type(length) is not int or type(rows) is not dict:
             return cls(excerpt_chars, {})
         if not all(_valid_row(row, length) for row in rows.values()):
             return cls(excerpt_chars, {})
+        if not reuse or length < excerpt_chars:  # every document is read; the rows still tell what changed since
+            return cls(excerpt_chars, rows, trusted=False)
         return cls(length, rows)
 
     def get(
@@ -394,7 +409,7 @@ class _Memory:
     ) -> tuple[ScannedDoc, str | None] | None:
         """The remembered document at ``rel`` if its file still has ``signature``, and its frontmatter problem."""
         row = self.rows.get(rel)
-        if row is None or row[4] or tuple(row[:4]) != signature:
+        if row is None or not self.trusted or row[4] or tuple(row[:4]) != signature:
             return None
         self.seen[rel] = row
         _, _, _, _, _, sha, excerpt, title, description, tags, paths, heads, chars, problem = row
@@ -412,10 +427,18 @@ class _Memory:
         self.changed = self.changed or self.rows.get(doc.rel) != row
         self.seen[doc.rel] = row
 
-    def forget(self, rels: Iterable[str]) -> None:
-        """Read these documents again next time: a step found them changed since this scan read them."""
-        for rel in rels:
-            if self.seen.pop(rel, None) is not None:
+    def settle(self, indexed: Callable[[str], bool], stand_ins: Collection[str]) -> None:
+        """Before :meth:`save`: of a document not ``indexed`` or found changed during the step (``stand_ins``), the
+        row its entry was made from, when its text was another, replaces this scan's; a stand-in without one is
+        dropped. Either way it is read again next time."""
+        for rel, row in list(self.seen.items()):
+            if indexed(rel) and rel not in stand_ins:
+                continue
+            old = self.rows.get(rel)
+            if old is not None and old[5] != row[5]:
+                self.seen[rel] = old
+            elif rel in stand_ins:  # a row the file's times still match, but not its text
+                del self.seen[rel]
                 self.changed = True
 
     def save(self, kb: Path) -> None:

@@ -2,7 +2,8 @@
 
 The contract's form and bounds are the schema of :class:`kindex.records.Index`: a file is reported exactly where
 that schema rejects it (the same schema the HTTP service publishes). On top, validate checks what no schema of one
-file can: that the entries match the scanned folder, once each, in the contract's order.
+file can: that the entries match the scanned folder, once each, in the contract's order, and (as far as the scan
+memory tells) that no document changed since the step that wrote its entry read it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from kindex.store import index_bytes, refuse_theme_folder, root_index_path, them
 
 
 def validate(kb: str | os.PathLike[str]) -> list[str]:
-    """Every way the KB's index files break the contract, as readable sentences; empty when all is well."""
+    """Every way the KB's index files break the contract or miss the folder's documents as they are now (one
+    changed since its entry was written, when ``.kindex/scan.json`` can tell), as readable sentences; empty when
+    all is well."""
     s = scan(kb)
     refuse_theme_folder(s.kb, reading=True)
     problems: list[str] = []
@@ -50,6 +53,11 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
             problems.append(f"{label}: 'themes' must be empty in a theme index")
         problems += _entries(index, label, "documents", "path")
         problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {shlex.quote(name)}")
+    changed = set(s.changed())
+    for d in s.documents:
+        if d.rel in changed:
+            fix = "kindex root KB" if d.theme is None else f"kindex doc KB {shlex.quote(d.rel)}"
+            problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex KB`)")
     return problems
 
 

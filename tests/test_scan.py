@@ -658,3 +658,31 @@ def test_a_doc_step_reads_only_its_document(tmp_path: Path, reads: list[str]) ->
     reads.clear()
     kindex.reindex(kb, kindex.Options(force=True))
     assert len(reads) >= 5  # force reads every document afresh
+
+
+def test_validate_names_a_document_changed_since_its_entry_was_written(sample_kb: Path) -> None:
+    # A newcomer edited a page and `kindex validate` said "index is valid": the entry still described the old text.
+    kindex.reindex(sample_kb)
+    assert kindex.validate(sample_kb) == []
+    refund, guide = sample_kb / "billing" / "退款政策.md", sample_kb / "导读.md"
+    write(refund, refund.read_text(encoding="utf-8") + "\n\n## 新增的一节\n\n退款改为七天内到账。\n")
+    os.utime(sample_kb / "billing" / "发票开具.md")  # touched, not changed: nothing to say
+    said = "billing/退款政策.md: changed since its entry was written (run `kindex doc KB 'billing/退款政策.md'`, or "
+    assert kindex.validate(sample_kb) == [said + "`kindex reindex KB`)"]
+    kindex.root(sample_kb)  # a step that writes other entries does not make this one current
+    kindex.doc(sample_kb, "account", "双重验证.md")
+    assert kindex.validate(sample_kb) == [said + "`kindex reindex KB`)"]
+    kindex.doc(sample_kb, "billing", "退款政策.md")
+    assert kindex.validate(sample_kb) == []
+
+    write(guide, guide.read_text(encoding="utf-8") + "\n\n新的一段。\n")
+    kindex.sub(sample_kb, "billing")
+    assert kindex.validate(sample_kb) == [
+        "导读.md: changed since its entry was written (run `kindex root KB`, or `kindex reindex KB`)"
+    ]
+    kindex.root(sample_kb)
+    assert kindex.validate(sample_kb) == []
+
+    write(refund, refund.read_text(encoding="utf-8") + "\n再加一句。\n")
+    kindex.reindex(sample_kb, kindex.Options(force=True))  # every document read again, and indexed
+    assert kindex.validate(sample_kb) == []
