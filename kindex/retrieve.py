@@ -267,9 +267,9 @@ MAX_WARNINGS = 10
 MAX_WARNING_CHARS = 300
 """A warning quotes what it found (a version, a folder name): a hand-edited index must not make it megabytes."""
 STALE_TABLES = (
-    "the saved search tables are missing or do not match the index files (deleted, written by another kindex "
-    "version, or an index file edited by hand): rebuilt in memory for every call until the next indexing step "
-    "(reindex, root, sub, doc or watch) saves new ones"
+    "the saved search tables are missing or do not match the index files (a step still writing them, tables "
+    "deleted or written by another kindex version, or an index file edited by hand): rebuilt in memory, in each "
+    "new process again, until an indexing step (reindex, root, sub, doc or watch) saves new ones"
 )
 
 
@@ -292,7 +292,7 @@ def _load(kb: Path) -> _Loaded:
     stale = index is None
     if index is None:
         entries = read_entries(kb)
-        index, problems = from_files(kb, entries), entries.problems
+        index, problems = from_files(kb, entries, saved), entries.problems
     n = len(index.docs)
     inv: dict[str, npt.NDArray[np.float32]] = {}
     for f, name in enumerate(FIELDS):

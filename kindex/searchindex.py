@@ -35,9 +35,9 @@ import numpy.typing as npt
 import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
-from kindex.errors import IndexMissingError, InvalidFileError
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError
 from kindex.records import INDEX_FILE, DocItem
-from kindex.scan import Scan, document_text, headings_of
+from kindex.scan import Scan, document_text, headings_of, scan
 from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest
 
 SEARCH_FILE = "search.npz"
@@ -536,14 +536,26 @@ def update(kb: Path, scan: Scan) -> int:
     return fresh
 
 
-def from_files(kb: Path, entries: Entries) -> SearchIndex:
+def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) -> SearchIndex:
     """A search index built in memory from the index files and the documents as they are on disk.
 
-    What retrieval falls back to when the saved index is missing or stale; a document that cannot be read is
+    What retrieval falls back to when the saved index is missing or stale (``previous``: the stale one, whose
+    postings of unchanged documents are reused, as a step's :func:`update` does); a document that cannot be read is
     searched by its entry alone.
     """
+    try:
+        # The scan's memory gives each unchanged document's digest and headings from a stat; it writes nothing.
+        s: Scan | None = scan(kb) if previous is not None else None
+    except KindexError:  # a broken kindex.toml: every document is read, as without a previous index
+        s = None
+    by_rel = {d.rel: d for d in s.documents} if s is not None else {}
     sources = []
     for rel, theme, item in entries.docs:
+        doc = by_rel.get(rel)
+        if s is not None and doc is not None:
+            exact = partial(lambda r, seen: r not in seen.stand_ins, rel, s)
+            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact))
+            continue
         text = document_text(kb, rel) or ""
         sources.append(Source(rel, theme, item, headings_of(text), "", partial(str, text)))
-    return build(sources, entries.themes, entries.signature, digests=entries.digests)
+    return build(sources, entries.themes, entries.signature, previous, entries.digests)

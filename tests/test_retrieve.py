@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -1094,3 +1095,31 @@ def test_a_home_page_standing_in_for_the_overview_serves_its_head_only(tmp_path:
     (kb / "导读.md").write_text(page, encoding="utf-8")
     ctx = kindex.build_context(kb, "你好", budget_tokens=6000)
     assert ctx.items[0].path == "导读.md" and ctx.items[0].tokens > 5000
+
+
+def test_stale_tables_are_rebuilt_in_memory_from_the_changed_documents_only(
+    indexed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While a step writes a theme index the saved tables are stale: every call in that window re-analysed every
+    # document of the KB (10 s on 1,445 pages, while the step itself was doing the same work).
+    analysed: list[str] = []
+    real = kindex.searchindex._doc_fields
+
+    def counting(src: kindex.searchindex.Source, vocab: Any) -> Any:
+        analysed.append(src.path)
+        return real(src, vocab)
+
+    theme = indexed / "billing" / "index.json"
+    theme.write_bytes(theme.read_bytes().replace("退款".encode(), "退货".encode(), 1))  # one entry edited by hand
+    monkeypatch.setattr(kindex.searchindex, "_doc_fields", counting)
+    kindex.kb.clear_cache()
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert kindex.retrieve.STALE_TABLES in ctx.warnings and len(analysed) == 1
+    assert ctx.items[0].path == "billing/退款政策.md"
+    in_memory = kindex.search(indexed, "退货 发票 账号 同步", limit=None)
+    (
+        indexed / ".kindex" / kindex.searchindex.SEARCH_FILE
+    ).unlink()  # from nothing: every document analysed, the same ranking
+    kindex.kb.clear_cache()
+    analysed.clear()
+    assert kindex.search(indexed, "退货 发票 账号 同步", limit=None) == in_memory and len(analysed) > 15
