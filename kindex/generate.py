@@ -535,6 +535,12 @@ class _Runner:
         scanned = {x.path_in_theme for x in self.scan.theme_docs(dir_name)}
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))
+        dropped = len([x for x in held.documents if x.path != item.path]) if clear_dir and held is not None else 0
+        if dropped:
+            self.report.notes.append(
+                f"{dir_name}/index.json was started afresh (clear_dir): it lists only {item.path} now, and its "
+                f"{dropped} other entries are gone until a doc or sub step adds them"
+            )
 
     async def run(self, body: Callable[[_Runner], Any]) -> None:
         """Run a step, then bring the search index up to date so the first question after it is answered fast.

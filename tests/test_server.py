@@ -620,3 +620,22 @@ def test_a_steps_error_reaches_its_tenant_without_the_servers_paths(kb_root: Pat
     app.state.tasks.task(r.json()["id"]).done.wait(60)
     polled = call(app, "GET", f"/v1/tasks/{r.json()['id']}").json()
     assert polled["state"] == "failed" and str(kb_root) not in polled["error"]["message"]
+
+
+def test_only_json_true_clears_a_theme_and_the_step_says_what_it_dropped(app: FastAPI, kb_root: Path) -> None:
+    # "yes" and 1 were read as true: a client's string flag wiped five entries of billing without a note.
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    theme = kb_root / "agent1" / "billing" / "index.json"
+    before = theme.read_bytes()
+    for flag in ("yes", 1, "false", "true", 0):
+        body = {"dir": "billing", "path": "退款政策.md", "clear_dir": flag}
+        r = call(app, "POST", f"{BASE}/reindex/sub/doc", json=body)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (flag, r.text)
+        assert "clear_dir" in r.json()["error"]["message"]
+    assert theme.read_bytes() == before
+    body = {"dir": "billing", "path": "退款政策.md", "clear_dir": True}
+    r = call(app, "POST", f"{BASE}/reindex/sub/doc", json=body)
+    assert r.status_code == 200 and r.json()["notes"] == [
+        "billing/index.json was started afresh (clear_dir): it lists only 退款政策.md now, and its 5 other entries "
+        "are gone until a doc or sub step adds them"
+    ]

@@ -34,7 +34,11 @@ class DocRequest(BaseModel):
     model_config = _BODY
     dir: str = Field(min_length=1, max_length=255)
     path: str = Field(min_length=1, max_length=1024, description="The document's path relative to `dir`.")
-    clear_dir: bool = Field(default=False, description="Start `dir/index.json` afresh (the theme's first document).")
+    clear_dir: bool = Field(
+        default=False,
+        strict=True,  # it drops the theme's other entries: only JSON true does, never "yes", 1 or "false"
+        description="Start `dir/index.json` afresh (the theme's first document).",
+    )
 
 
 class ContextRequest(BaseModel):
