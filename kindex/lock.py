@@ -56,13 +56,17 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
         ) from None
     lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
     deadline = time.monotonic() + wait
+    waited = False
     while True:
         if cancel is not None and cancel.is_set():
-            raise CancelledRun("the run was cancelled while waiting for another writer; nothing was written")
+            # Cancelled during the scan before the lock, with no other writer: "waiting for another" was untrue.
+            during = "while waiting for another writer" if waited else "before it started"
+            raise CancelledRun(f"the run was cancelled {during}; nothing was written")
         try:
             lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait)))
             break
         except filelock.Timeout:
+            waited = True
             if time.monotonic() >= deadline:
                 raise BusyError(
                     f"another kindex run is writing {kb} ({_holder(state)}); wait for it to finish, or pass --wait "

@@ -584,6 +584,9 @@ def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Pat
     finally:
         release.set()
         thread.join(30)
+    # Cancelled before the lock (during its scan) with no writer in the way: said as it was.
+    with pytest.raises(kindex.CancelledRun, match=r"^the run was cancelled before it started; nothing was written"):
+        kindex.reindex(sample_kb, options=kindex.Options(cancel=cancel))
 
 
 def test_a_newline_in_a_file_name_cannot_forge_prompt_lines(sample_kb: Path) -> None:
