@@ -1,8 +1,12 @@
-"""Which hosts are this machine: the rule behind "no token ⇒ loopback only" for every network surface."""
+"""Who may call a network surface: which hosts are this machine (the rule behind "no token ⇒ loopback only") and
+the bearer-token check, the same for ``kindex serve`` and ``kindex mcp``."""
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
+
+SEND_TOKEN = "send the API token as `Authorization: Bearer <token>`"
 
 
 def loopback(netloc: str) -> bool:
@@ -17,3 +21,16 @@ def loopback(netloc: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def token_refusal(authorization: bytes, token: str) -> str | None:
+    """Why a request with this ``Authorization`` header may not pass (``None``: it may): a token missing and a token
+    that is not the server's are told apart, so a client that sent one knows to check it, not to add it."""
+    scheme, _, given = authorization.partition(b" ")
+    if not authorization.strip():
+        return SEND_TOKEN
+    if scheme.lower() != b"bearer":  # the scheme is case-insensitive (RFC 9110)
+        return f"the Authorization header must be `Bearer <token>`: {SEND_TOKEN}"
+    if not hmac.compare_digest(given.strip(), token.encode()):
+        return "the API token sent is not this server's (KINDEX_API_TOKEN where it runs): check the token"
+    return None

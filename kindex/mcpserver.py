@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import mcp.types as types
+import orjson
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.transport_security import TransportSecuritySettings
@@ -39,7 +39,7 @@ from kindex.errors import (
 )
 from kindex.fitting import cut_to_budget
 from kindex.globs import normalize_path
-from kindex.hosts import loopback
+from kindex.hosts import loopback, token_refusal
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
@@ -404,25 +404,21 @@ def http_app(server: MCPServer, *, token: str | None, host: str, port: int) -> A
     return app if token is None else _BearerGuard(app, token)
 
 
-_UNAUTHORIZED = b'{"error":{"code":"unauthorized","message":"send the API token as `Authorization: Bearer <token>`"}}'
-
-
 class _BearerGuard:
     """Requests without ``Authorization: Bearer <token>`` get 401; lifespan events pass (the SDK's session manager
     starts in the app's lifespan)."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self.expected = token.encode()
+        self.token = token
 
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
     ) -> None:
         if scope["type"] == "http":
-            scheme, _, given = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
-            # The scheme is case-insensitive (RFC 9110), as kindex serve treats it.
-            if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.expected):
-                body = _UNAUTHORIZED
+            refusal = token_refusal(dict(scope.get("headers") or []).get(b"authorization", b""), self.token)
+            if refusal is not None:
+                body = orjson.dumps({"error": {"code": "unauthorized", "message": refusal}})
                 await send(
                     {
                         "type": "http.response.start",

@@ -217,7 +217,7 @@ def test_http_refuses_requests_without_the_token_and_foreign_hosts(serving: str)
             denied = await anon.post(serving, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
             assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
             wrong = await anon.post(serving, json={}, headers={"Authorization": "Bearer nope"})
-            assert wrong.status_code == 401
+            assert wrong.status_code == 401 and "is not this server's" in wrong.json()["error"]["message"]
             lower = await anon.post(
                 serving,
                 json={"jsonrpc": "2.0", "id": 1, "method": "ping"},

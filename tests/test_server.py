@@ -262,9 +262,18 @@ def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path:
 
 
 def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+    # A token missing, sent with another scheme, or wrong: each said as it is (a client that sent a wrong one was
+    # told to send one).
+    said = {
+        "": "send the API token as `Authorization: Bearer <token>`",
+        "Bearer wrong": "the API token sent is not this server's (KINDEX_API_TOKEN where it runs): check the token",
+        f"Basic {TOKEN}": "the Authorization header must be `Bearer <token>`: send the API token as `Authorization: "
+        "Bearer <token>`",
+    }
+    for given, message in said.items():
+        headers = {"Authorization": given} if given else {}
         r = call(app, "GET", f"{BASE}/reindex/preview", auth=False, headers=headers)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.status_code == 401 and r.json()["error"] == {"code": "unauthorized", "message": message}
         assert r.headers["www-authenticate"] == "Bearer"
     assert call(app, "GET", "/v1/tasks/x", auth=False).status_code == 401
     assert call(app, "GET", "/healthz", auth=False).status_code == 200

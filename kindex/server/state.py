@@ -4,7 +4,6 @@ request passes (the token, or without one: this machine only)."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 
 from kindex.errors import BusyError, ForbiddenError, UnauthorizedError, UsageError
-from kindex.hosts import loopback
+from kindex.hosts import loopback, token_refusal
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
@@ -200,10 +199,9 @@ def authorize(request: Request) -> None:
                 "(Host and Origin must be localhost); set a token to serve others"
             )
         return
-    given = request.headers.get("authorization", "")
-    scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
-        raise UnauthorizedError("send the API token as `Authorization: Bearer <token>`")
+    refusal = token_refusal(request.headers.get("authorization", "").encode("latin-1"), token)
+    if refusal is not None:
+        raise UnauthorizedError(refusal)
 
 
 _EMPTY_BODIES = frozenset({b"", b"{}", b"null"})
