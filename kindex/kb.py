@@ -35,7 +35,7 @@ from kindex.retrieve import (
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
     Retriever,
-    check_relevance,
+    check_context_options,
 )
 from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library
 from kindex.validate import validate
@@ -58,10 +58,13 @@ class Settings:
     fallback_docs: tuple[str, ...] = DEFAULT_FALLBACK_DOCS
     min_relevance: float = DEFAULT_MIN_RELEVANCE
 
+    def __post_init__(self) -> None:
+        self.check()  # Settings(budget_tokens=10) is refused where it is written, not at the first call
+
     def check(self) -> None:
         """:class:`kindex.UsageError` for a setting that cannot be meant."""
         self.generation.check()
-        check_relevance(self.min_relevance)
+        check_context_options(self.budget_tokens, self.max_docs, self.min_relevance)
 
     @classmethod
     def resolved(
@@ -104,8 +107,6 @@ class KnowledgeBase:
         self._settings: Settings | None = None
         self._config_stamp: tuple[int, int] | None = None
         self._config_file = os.path.join(self.path, config.CONFIG_FILE)  # a string: stat-ed on every call
-        if settings is not None:
-            settings.check()
         self._retriever: Retriever | None = None
         self._skills = SkillShelf(self.path)
         self._state = threading.Lock()
@@ -257,40 +258,80 @@ class KnowledgeBase:
         """Remove a skill and its entries."""
         self._write(lambda o: skills.delete_skill(self.path, name, o))
 
-    def sync_skills(self, dest: str | os.PathLike[str] | None, **kw: Any) -> SyncResult:
+    def sync_skills(
+        self,
+        dest: str | os.PathLike[str] | None,
+        *,
+        only: Sequence[str] = (),
+        zip_out: str | os.PathLike[str] | None = None,
+        previous: Mapping[str, Any] | None = None,
+    ) -> SyncResult:
         """Copy changed skills to ``dest`` or a ZIP (see :func:`kindex.skills.sync_skills`)."""
-        return skills.sync_skills(self.path, dest, **kw)
+        return skills.sync_skills(self.path, dest, only=only, zip_out=zip_out, previous=previous)
 
     # -- async twins ----------------------------------------------------------------------------------------------
 
-    async def acontext(self, message: str, **kw: Any) -> Context:
+    async def acontext(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        budget_tokens: int | None = None,
+        max_docs: int | None = None,
+        fallback_docs: Sequence[str] | None = None,
+        min_relevance: float | None = None,
+    ) -> Context:
         """:meth:`context` on a worker thread: awaitable inside a running event loop."""
-        return await asyncio.to_thread(lambda: self.context(message, **kw))
+        return await asyncio.to_thread(
+            lambda: self.context(
+                message,
+                paths=paths,
+                budget_tokens=budget_tokens,
+                max_docs=max_docs,
+                fallback_docs=fallback_docs,
+                min_relevance=min_relevance,
+            )
+        )
 
-    async def asearch(self, message: str, **kw: Any) -> list[ContextItem]:
+    async def asearch(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        limit: int | None = 10,
+        themes: bool = False,
+        explain: bool = True,
+        min_relevance: float | None = None,
+    ) -> list[ContextItem]:
         """:meth:`search` on a worker thread."""
-        return await asyncio.to_thread(lambda: self.search(message, **kw))
+        return await asyncio.to_thread(
+            lambda: self.search(
+                message, paths=paths, limit=limit, themes=themes, explain=explain, min_relevance=min_relevance
+            )
+        )
 
-    async def afind_skills(self, query: str, **kw: Any) -> list[SkillHit]:
+    async def afind_skills(self, query: str, *, limit: int = 10, levels: Iterable[int] | None = None) -> list[SkillHit]:
         """:meth:`find_skills` on a worker thread."""
-        return await asyncio.to_thread(lambda: self.find_skills(query, **kw))
+        return await asyncio.to_thread(lambda: self.find_skills(query, limit=limit, levels=levels))
 
-    async def areindex(self) -> RunReport:
+    async def areindex(self, options: Options | None = None) -> RunReport:
         """:meth:`reindex` on a worker thread. Cancelling the awaiting task cancels the run: it stops before its
-        next write, so every index file stays as it was or complete."""
-        return await self._awrite(lambda o: generate.reindex(self.path, o))
+        next write, so every index file stays as it was or complete (``options.cancel`` is replaced for that)."""
+        return await self._awrite(lambda o: generate.reindex(self.path, o), options)
 
-    async def aroot(self) -> RunReport:
+    async def aroot(self, options: Options | None = None) -> RunReport:
         """:meth:`root` on a worker thread (cancellable like :meth:`areindex`)."""
-        return await self._awrite(lambda o: generate.root(self.path, o))
+        return await self._awrite(lambda o: generate.root(self.path, o), options)
 
-    async def asub(self, dir_name: str) -> RunReport:
+    async def asub(self, dir_name: str, options: Options | None = None) -> RunReport:
         """:meth:`sub` on a worker thread (cancellable like :meth:`areindex`)."""
-        return await self._awrite(lambda o: generate.sub(self.path, dir_name, o))
+        return await self._awrite(lambda o: generate.sub(self.path, dir_name, o), options)
 
-    async def adoc(self, dir_name: str, path: str, *, clear_dir: bool = False) -> RunReport:
+    async def adoc(
+        self, dir_name: str, path: str, *, clear_dir: bool = False, options: Options | None = None
+    ) -> RunReport:
         """:meth:`doc` on a worker thread (cancellable like :meth:`areindex`)."""
-        return await self._awrite(lambda o: generate.doc(self.path, dir_name, path, o, clear_dir=clear_dir))
+        return await self._awrite(lambda o: generate.doc(self.path, dir_name, path, o, clear_dir=clear_dir), options)
 
     # -- plumbing -------------------------------------------------------------------------------------------------
 
@@ -298,9 +339,9 @@ class KnowledgeBase:
         with self._writing:
             return step(options or self.settings.generation)
 
-    async def _awrite(self, step: Callable[[Options], T]) -> T:
+    async def _awrite(self, step: Callable[[Options], T], options: Options | None = None) -> T:
         cancel = threading.Event()
-        options = replace(self.settings.generation, cancel=cancel)
+        options = replace(options or self.settings.generation, cancel=cancel)
         running = asyncio.ensure_future(asyncio.to_thread(self._write, step, options))
         try:
             return await asyncio.shield(running)
@@ -432,19 +473,49 @@ class Handles:
 _HANDLES = Handles()
 
 
-def build_context(kb: str | os.PathLike[str], message: str, **kw: Any) -> Context:
-    """BuildContext on the KB at ``kb`` (:meth:`KnowledgeBase.context`; its tables stay loaded between calls)."""
-    return _HANDLES.get(kb).context(message, **kw)
+def build_context(
+    kb: str | os.PathLike[str],
+    message: str,
+    *,
+    paths: Sequence[str] = (),
+    budget_tokens: int | None = None,
+    max_docs: int | None = None,
+    fallback_docs: Sequence[str] | None = None,
+    min_relevance: float | None = None,
+) -> Context:
+    """BuildContext on the KB at ``kb`` (:meth:`KnowledgeBase.context`; its tables stay loaded between calls).
+    Options left ``None`` come from the KB's settings (``kindex.toml``, ``KINDEX_*``, defaults)."""
+    return _HANDLES.get(kb).context(
+        message,
+        paths=paths,
+        budget_tokens=budget_tokens,
+        max_docs=max_docs,
+        fallback_docs=fallback_docs,
+        min_relevance=min_relevance,
+    )
 
 
-def search(kb: str | os.PathLike[str], message: str, **kw: Any) -> list[ContextItem]:
+def search(
+    kb: str | os.PathLike[str],
+    message: str,
+    *,
+    paths: Sequence[str] = (),
+    limit: int | None = 10,
+    themes: bool = False,
+    explain: bool = True,
+    min_relevance: float | None = None,
+) -> list[ContextItem]:
     """The ranked entries of the KB at ``kb`` for ``message`` (:meth:`KnowledgeBase.search`)."""
-    return _HANDLES.get(kb).search(message, **kw)
+    return _HANDLES.get(kb).search(
+        message, paths=paths, limit=limit, themes=themes, explain=explain, min_relevance=min_relevance
+    )
 
 
-def find_skills(kb: str | os.PathLike[str], query: str, **kw: Any) -> list[SkillHit]:
+def find_skills(
+    kb: str | os.PathLike[str], query: str, *, limit: int = 10, levels: Iterable[int] | None = None
+) -> list[SkillHit]:
     """One best hit per skill of the library at ``kb`` (:meth:`KnowledgeBase.find_skills`)."""
-    return _HANDLES.get(kb).find_skills(query, **kw)
+    return _HANDLES.get(kb).find_skills(query, limit=limit, levels=levels)
 
 
 def clear_cache() -> None:

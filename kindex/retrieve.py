@@ -881,6 +881,15 @@ def _rank(
     return hits
 
 
+def check_context_options(budget_tokens: int, max_docs: int, min_relevance: float) -> None:
+    """:class:`UsageError` for a context option out of its bounds (see :meth:`Retriever.context`)."""
+    if not _whole(budget_tokens) or not MIN_BUDGET_TOKENS <= budget_tokens <= MAX_BUDGET_TOKENS:
+        raise UsageError(f"budget_tokens must be {MIN_BUDGET_TOKENS} to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}")
+    if not _whole(max_docs) or not 1 <= max_docs <= MAX_DOCS_LIMIT:
+        raise UsageError(f"max_docs must be 1 to {MAX_DOCS_LIMIT}, got {max_docs!r}")
+    check_relevance(min_relevance)
+
+
 def check_relevance(min_relevance: float) -> None:
     """:class:`UsageError` unless ``min_relevance`` is a number from 0 to 1 (NaN is not)."""
     if not _number(min_relevance) or not 0.0 <= min_relevance <= 1.0:
@@ -1056,13 +1065,7 @@ class Retriever:
         overview written from the root index's entries. A document longer than the room left hands over its head
         and the sections that match the question.
         """
-        if not _whole(budget_tokens) or not MIN_BUDGET_TOKENS <= budget_tokens <= MAX_BUDGET_TOKENS:
-            raise UsageError(
-                f"budget_tokens must be {MIN_BUDGET_TOKENS} to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}"
-            )
-        if not _whole(max_docs) or not 1 <= max_docs <= MAX_DOCS_LIMIT:
-            raise UsageError(f"max_docs must be 1 to {MAX_DOCS_LIMIT}, got {max_docs!r}")
-        check_relevance(min_relevance)
+        check_context_options(budget_tokens, max_docs, min_relevance)
         message, paths = _message(message), _texts("paths", paths)
         fallback_docs = _texts("fallback_docs", fallback_docs)
         root = self.root

@@ -197,9 +197,9 @@ def test_library_arguments_of_the_wrong_type_are_usage_errors(indexed: Path, kw:
     # The HTTP service validates its bodies; the library's callers get the same clear refusal, not a TypeError
     # from deep inside (a float budget failed while slicing text, a string threshold while comparing).
     with pytest.raises(kindex.UsageError, match=error):
-        kindex.build_context(indexed, "退款多久到账", **kw)
+        kindex.build_context(indexed, "退款多久到账", **kw)  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(kindex.UsageError, match="limit must be at least 1"):
-        kindex.search(indexed, "退款", limit=2.5)
+        kindex.search(indexed, "退款", limit=2.5)  # type: ignore[arg-type]
     with pytest.raises(kindex.UsageError, match="the message must be a string"):
         kindex.build_context(indexed, b"bytes")  # type: ignore[arg-type]
 

@@ -4,6 +4,7 @@ the security policy inside create_app, and the architecture check itself."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -100,15 +101,19 @@ def test_validate_and_the_openapi_schema_accept_each_bound_met_exactly(indexed: 
 def test_async_twins_work_inside_a_running_event_loop(sample_kb: Path) -> None:
     async def chat_backend() -> tuple[kindex.RunReport, kindex.Context, kindex.RunReport]:
         kb = kindex.KnowledgeBase(sample_kb)
-        report = await kb.areindex()
-        ctx = await kb.acontext("退款多久到账")
+        report = await kb.areindex(kindex.Options(on_progress=seen.append))  # the sync twin's options too
+        ctx = await kb.acontext("退款多久到账", max_docs=1)
         again = kb.reindex()  # the sync API too, called from inside the loop
         return report, ctx, again
 
+    seen: list[kindex.Progress] = []
     report, ctx, again = asyncio.run(chat_backend())
 
     assert report.ok and report.completed == report.total == 19 and "index.json" in report.written
-    assert not ctx.fallback and ctx.items[0].path.startswith("billing/")
+    assert len(seen) == 19 and seen[-1].completed == 19
+    assert not ctx.fallback and [i.path for i in ctx.items] == ["billing/退款政策.md"]
+    with pytest.raises(TypeError, match=r"build_context\(\) got an unexpected keyword argument 'budget_token'"):
+        kindex.build_context(sample_kb, "退款", budget_token=100)  # type: ignore[call-arg]
     assert again.ok and again.written == ()  # nothing changed, nothing rewritten
     assert kindex.validate(sample_kb) == []
 
@@ -242,3 +247,17 @@ def test_a_handles_registry_keeps_at_most_its_limit_and_drops_the_least_recently
     assert handles.get(a) is first  # used again: now the most recent
     handles.get(c)  # drops b, the least recently used
     assert handles.get(a) is first and len(handles._handles) == 2 and str(b.resolve()) not in handles._handles
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"budget_tokens": 10}, "budget_tokens must be 50 to 200,000, got 10"),
+        ({"max_docs": 0}, "max_docs must be 1 to 50, got 0"),
+        ({"min_relevance": 5}, "min_relevance must be between 0 and 1, got 5"),
+    ],
+)
+def test_settings_out_of_bounds_are_refused_where_they_are_written(kw: dict[str, Any], error: str) -> None:
+    # They were accepted, and the first context() call failed far from the line that set them.
+    with pytest.raises(kindex.UsageError, match=re.escape(error)):
+        kindex.Settings(**kw)
