@@ -13,6 +13,7 @@ tools by; the tools read best side by side, with the output records they return.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -129,7 +130,7 @@ class SkillOutput(_Output):
 
 
 Agent = Annotated[
-    str, Field(description="The agent whose knowledge base to use (needed only when the server serves several).")
+    str, Field(description="The agent whose knowledge base to use: only when the server serves several (--kb-root).")
 ]
 
 
@@ -145,6 +146,10 @@ class Library:
 
     def get(self, agent: str) -> KnowledgeBase:
         if self.single is not None:
+            if agent:  # answering from the one KB would pass it off as the agent asked for
+                raise UsageError(
+                    f"this server serves one knowledge folder, not agents: leave out `agent` (got {agent[:64]!r})"
+                )
             if not self.single.path.is_dir():
                 raise KBNotFoundError(f"the knowledge folder {self.single.path.name!r} is gone")
             return self.single
@@ -154,27 +159,59 @@ class Library:
         return self._agents.get(agent_folder(self.root, agent))
 
 
-def _tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
+def _error_result(exc: KindexError) -> types.CallToolResult:
     """A kindex failure as an MCP tool error: the code first in the text, and ``{"error": {code, message}}``."""
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"{exc.code}: {exc.message}")],
+        structured_content={"error": {"code": exc.code, "message": exc.message}},
+        is_error=True,
+    )
+
+
+def _tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """The tool's kindex failures as :func:`_error_result`."""
 
     @wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except KindexError as exc:
-            text = f"{exc.code}: {exc.message}"
-            return types.CallToolResult(  # type: ignore[return-value]  # the SDK passes an error result through
-                content=[types.TextContent(type="text", text=text)],
-                structured_content={"error": {"code": exc.code, "message": exc.message}},
-                is_error=True,
-            )
+            return _error_result(exc)  # type: ignore[return-value]  # the SDK passes an error result through
 
     return call
+
+
+class _UnknownArguments:
+    """Refuses a tool call that passes an argument the tool does not take, as the HTTP service refuses a misspelt
+    body field: the SDK's argument models drop unknown keys, so ``read_document`` given ``section`` (for
+    ``section_heading``) returned the whole document, and a stdio server given ``agent`` answered from its one KB."""
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.takes: dict[str, tuple[str, ...]] | None = None
+
+    async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        params = ctx.params
+        if ctx.method == "tools/call" and isinstance(params, dict):
+            name, arguments = params.get("name"), params.get("arguments")
+            if isinstance(name, str) and isinstance(arguments, dict):
+                if self.takes is None:
+                    tools = await self.server.list_tools()
+                    self.takes = {t.name: tuple(t.input_schema.get("properties", {})) for t in tools}
+                takes = self.takes.get(name)
+                unknown = [str(k)[:100] for k in arguments if takes is not None and k not in takes]
+                if unknown and takes is not None:
+                    close = difflib.get_close_matches(unknown[0], takes, n=1, cutoff=0.6)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    message = f"{name} takes no argument {unknown[0]!r}{hint}: it takes {', '.join(takes)}"
+                    return _error_result(UsageError(message))
+        return await call_next(ctx)
 
 
 def build_server(library: Library) -> MCPServer:
     """The MCP server for ``library``: tools, and the index files as resources."""
     server = MCPServer(name="kindex", version=kindex.__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    server.middleware.append(_UnknownArguments(server))
 
     @server.tool(title="Search the knowledge base")
     @_tool_errors

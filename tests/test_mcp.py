@@ -257,3 +257,27 @@ def test_a_removed_kb_is_kb_not_found(indexed: Path) -> None:
             assert error_code(await c.call_tool("search", {"question": "退款"})) == "kb_not_found"
 
     anyio.run(session)
+
+
+def test_an_argument_a_tool_does_not_take_is_refused(indexed: Path) -> None:
+    # The SDK's argument models dropped unknown keys: `section` for `section_heading` returned the whole document,
+    # and `agent` given to a server of one KB answered from that KB as if it were the agent asked for.
+    server = build_server(Library(kb=indexed))
+
+    async def session() -> None:
+        async with Client(server) as c:
+            wrong = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section": "退款时效"})
+            assert wrong.is_error and wrong.structured_content == {
+                "error": {
+                    "code": "invalid_request",
+                    "message": "read_document takes no argument 'section' (did you mean 'section_heading'?): it "
+                    "takes path, section_heading, budget_tokens, agent",
+                }
+            }
+            other = await c.call_tool("get_context", {"message": "退款", "agent": "other"})
+            assert error_code(other) == "invalid_request"
+            assert "this server serves one knowledge folder, not agents: leave out `agent`" in text_of(other.content[0])
+            right = await c.call_tool("read_document", {"path": "billing/退款政策.md"})
+            assert not right.is_error
+
+    anyio.run(session)
