@@ -426,6 +426,13 @@ def agent_folder(kb_root: Path, agent_id: str) -> Path:
     check_agent_id(agent_id)
     root = kb_root.resolve()
     kb = (root / agent_id).resolve()
+    if kb.parent != root and kb.is_dir():
+        # A folder is there, behind a link: "has no knowledge folder" sent its operator looking for a missing one.
+        raise KBNotFoundError(
+            f"agent {agent_id!r}'s folder is a symbolic link to a folder that is not directly under the agents' folder "
+            "(--kb-root): it is not served; move the knowledge folder under --kb-root, or link only to another agent's "
+            "folder"
+        )
     if kb.parent != root or not kb.is_dir():
         # The service's root path stays out of an answer its tenants read; the hint says what to check.
         hint = (

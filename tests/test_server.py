@@ -259,6 +259,15 @@ def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path:
     for agent, status in (("root", 404), ("part", 404), ("alias", 200)):
         r = call(app, "GET", f"/v1/agents/{agent}/knowledge/reindex/preview")
         assert r.status_code == status, (agent, r.text)
+    # A folder behind a link out of the agents' folder is said to be there and refused, not said to be missing.
+    (kb_root.parent / "elsewhere").mkdir()
+    (kb_root / "linked").symlink_to(kb_root.parent / "elsewhere", target_is_directory=True)
+    r = call(app, "GET", "/v1/agents/linked/knowledge/reindex/preview")
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith(
+        "agent 'linked''s folder is a symbolic link to a folder that is not directly under the agents' folder "
+        "(--kb-root): it is not served"
+    )
+    assert str(kb_root.parent) not in r.text
 
 
 def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
@@ -284,6 +293,17 @@ def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
     r = call(app, "POST", f"{BASE}/context", content=b"{bad", headers=json_type)
     assert r.status_code == 422, r.text
+
+
+def test_a_body_not_in_utf8_is_an_invalid_request_in_kindex_words(app: FastAPI) -> None:
+    # It answered 400 with FastAPI's "There was an error parsing the body": a second status for invalid_request.
+    body = '{"message": "退款"}'.encode("gbk")
+    r = call(app, "POST", f"{BASE}/context", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"] == {
+        "code": "invalid_request",
+        "message": "the body could not be read: send a JSON object in UTF-8 (or, to upload a skill, a multipart "
+        "form with its ZIP as `file`)",
+    }
 
 
 def test_request_bodies_are_size_limited(app: FastAPI) -> None:

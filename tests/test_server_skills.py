@@ -82,4 +82,5 @@ def test_a_multipart_body_that_does_not_parse_gets_401_first_without_the_token(a
 
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
     with_token = call(app, "POST", f"{BASE}/import", content=body, headers=headers)
-    assert with_token.status_code == 400 and with_token.json()["error"]["code"] == "invalid_request"
+    assert with_token.status_code == 422 and with_token.json()["error"]["code"] == "invalid_request"
+    assert with_token.json()["error"]["message"].startswith("the body could not be read: send a JSON object in UTF-8")

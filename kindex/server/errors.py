@@ -172,6 +172,15 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
             headers["Allow"] = ", ".join(methods)
             shown = " or ".join(m for m in methods if m != "HEAD")
             err = MethodNotAllowedError(f"{request.method} is not allowed here: use {shown}")
+        elif exc.status_code == 400:
+            # FastAPI's own words for a body it could not decode: JSON not in UTF-8, or a form that does not parse.
+            # invalid_request is 422 everywhere else; a client must not need a second status for it.
+            return error_response(
+                UsageError(
+                    "the body could not be read: send a JSON object in UTF-8 (or, to upload a skill, a multipart "
+                    "form with its ZIP as `file`)"
+                )
+            )
         else:
             err = UsageError(str(exc.detail))
         return JSONResponse({"error": error_fields(err)}, status_code=exc.status_code, headers=headers)
