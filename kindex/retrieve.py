@@ -282,7 +282,9 @@ def _warnings(stale: bool, problems: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _load(kb: Path) -> _Loaded:
+def _load(kb: Path, last: SearchIndex | None = None) -> _Loaded:
+    """The tables of ``kb``: the saved ones while they match the index files, else built in memory from the
+    documents that changed since ``last`` (the tables this process loaded before) or since the saved ones."""
     # Stat-ed before anything is read: a step that finishes during the load changes them, and the next call reloads.
     stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
     stamps_seen = _stats(stamps)
@@ -292,7 +294,9 @@ def _load(kb: Path) -> _Loaded:
     stale = index is None
     if index is None:
         entries = read_entries(kb)
-        index, problems = from_files(kb, entries, saved), entries.problems
+        # During a first reindex there are no saved tables, and each theme index it writes makes the last ones
+        # stale: starting from them, a call analyses that theme's documents, not the KB's.
+        index, problems = from_files(kb, entries, last or saved), entries.problems
     n = len(index.docs)
     inv: dict[str, npt.NDArray[np.float32]] = {}
     for f, name in enumerate(FIELDS):
@@ -987,7 +991,7 @@ class Retriever:
         with self._lock:
             current = self._loaded
             if current is None or not _current(current):
-                current = self._loaded = _load(self.root)
+                current = self._loaded = _load(self.root, None if current is None else current.index)
             return current
 
     @property

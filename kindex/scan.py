@@ -596,16 +596,31 @@ def document_text(kb: Path, rel: str) -> str | None:
     return None if got is None else got[0]
 
 
-def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:
-    """:func:`document_text` of the first ``max_chars`` characters of the body (to a line break), and whether
-    more follows: what a request that hands over at most that much needs to clean, not a 5 MB page each time."""
+def document_digest(kb: Path, rel: str) -> tuple[str, str] | None:
+    """:func:`document_text` and the SHA-256 of the file's bytes (the scan's digest of it), from one read."""
+    got = _served(kb, rel)
+    return None if got is None else (clean_body(got[1]).strip(), hashlib.sha256(got[0]).hexdigest())
+
+
+def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
+    """The bytes of a document that may be served, and its text without frontmatter."""
     if not servable(kb, rel):
         return None
     try:
         with open(kb / rel, "rb") as fh:
-            text = strip_frontmatter(decode_document(fh.read(MAX_DOC_BYTES + 1)))
+            data = fh.read(MAX_DOC_BYTES + 1)
+        return data, strip_frontmatter(decode_document(data))
     except (OSError, InvalidFileError):
         return None
+
+
+def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:
+    """:func:`document_text` of the first ``max_chars`` characters of the body (to a line break), and whether
+    more follows: what a request that hands over at most that much needs to clean, not a 5 MB page each time."""
+    got = _served(kb, rel)
+    if got is None:
+        return None
+    text = got[1]
     more = max_chars is not None and len(text) > max_chars
     if max_chars is not None and more:
         end = text.rfind("\n", 0, max_chars)

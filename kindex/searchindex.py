@@ -37,7 +37,7 @@ import orjson
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError
 from kindex.records import INDEX_FILE, DocItem
-from kindex.scan import Scan, document_text, headings_of, scan
+from kindex.scan import Scan, document_digest, headings_of, scan
 from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest
 
 SEARCH_FILE = "search.npz"
@@ -543,11 +543,14 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
     postings of unchanged documents are reused, as a step's :func:`update` does); a document that cannot be read is
     searched by its entry alone.
     """
-    try:
-        # The scan's memory gives each unchanged document's digest and headings from a stat; it writes nothing.
-        s: Scan | None = scan(kb) if previous is not None else None
-    except KindexError:  # a broken kindex.toml: every document is read, as without a previous index
-        s = None
+    s: Scan | None = None
+    if previous is not None:
+        try:
+            # The scan's memory gives each unchanged document's digest and headings from a stat (it writes
+            # nothing): only the documents whose postings cannot be reused are read.
+            s = scan(kb)
+        except KindexError:  # a broken kindex.toml: every document is read
+            s = None
     by_rel = {d.rel: d for d in s.documents} if s is not None else {}
     sources = []
     for rel, theme, item in entries.docs:
@@ -556,6 +559,7 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
             exact = partial(lambda r, seen: r not in seen.stand_ins, rel, s)
             sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact))
             continue
-        text = document_text(kb, rel) or ""
-        sources.append(Source(rel, theme, item, headings_of(text), "", partial(str, text)))
+        # Every document is read anyway: once, with its digest, so that the next build can reuse its postings.
+        text, digest = document_digest(kb, rel) or ("", "")
+        sources.append(Source(rel, theme, item, headings_of(text), digest, partial(str, text)))
     return build(sources, entries.themes, entries.signature, previous, entries.digests)

@@ -1123,3 +1123,27 @@ def test_stale_tables_are_rebuilt_in_memory_from_the_changed_documents_only(
     kindex.kb.clear_cache()
     analysed.clear()
     assert kindex.search(indexed, "退货 发票 账号 同步", limit=None) == in_memory and len(analysed) > 15
+
+
+def test_without_saved_tables_a_changed_theme_costs_its_documents_not_the_kb(
+    indexed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A first reindex saves no tables until it ends, and each theme index it writes meanwhile made every call
+    # rebuild the whole KB in memory: the tables loaded before are where the next build starts.
+    analysed: list[str] = []
+    real = kindex.searchindex._doc_fields
+
+    def counting(src: kindex.searchindex.Source, vocab: Any) -> Any:
+        analysed.append(src.path)
+        return real(src, vocab)
+
+    (indexed / ".kindex" / kindex.searchindex.SEARCH_FILE).unlink()
+    monkeypatch.setattr(kindex.searchindex, "_doc_fields", counting)
+    kb = kindex.KnowledgeBase(indexed)
+    assert kb.context("退款多久到账").items[0].path == "billing/退款政策.md" and len(analysed) > 15
+    analysed.clear()
+    theme = indexed / "billing" / "index.json"
+    theme.write_bytes(theme.read_bytes().replace("退款".encode(), "退货".encode(), 1))
+    monkeypatch.setattr(kindex.retrieve, "THEME_RECHECK_S", 0.0)  # theme files are looked at on every call
+    ctx = kb.context("退款多久到账")
+    assert len(analysed) == 1 and analysed[0].startswith("billing/") and ctx.items[0].path == "billing/退款政策.md"
