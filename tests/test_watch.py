@@ -165,6 +165,8 @@ def test_the_service_watches_an_agent_on_request(sample_kb: Path, recorded: queu
         assert status["updates"] == 1 and status["last"]["steps"] == ["doc billing/自动续费.md"]
         off = http.delete(f"/v1/agents/{agent}/knowledge/watch")
         assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
+        # What the watch did is in the answer that stops it (it said 0 updates and no last one).
+        assert off.json()["updates"] == 1 and off.json()["last"]["steps"] == ["doc billing/自动续费.md"]
 
 
 def test_a_batch_pending_when_the_service_stops_watching_is_tried_when_it_starts_again(

@@ -173,8 +173,8 @@ def watch_status(agent_id: str, request: Request) -> Any:
 async def watch_off(agent_id: str, request: Request) -> Any:
     state = server_state(request)
     check_agent_id(agent_id)
-    await asyncio.to_thread(state.unwatch, agent_id)
-    return _watch_model(agent_id, None)
+    # What the watch did stays in the answer (its updates, the last one): stopping it must not hide it.
+    return _watch_model(agent_id, await asyncio.to_thread(state.unwatch, agent_id))
 
 
 def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:

@@ -138,8 +138,9 @@ class ServerState:
         watcher.ready.wait(30)
         return entry
 
-    def unwatch(self, agent_id: str, timeout: float = 30.0) -> None:
-        """Stop watching the agent's folder; a step in flight stops before its next write."""
+    def unwatch(self, agent_id: str, timeout: float = 30.0) -> AgentWatch | None:
+        """Stop watching the agent's folder; a step in flight stops before its next write. The watch stopped, with
+        what it did (``None`` when the folder was not watched)."""
         with self._lock:
             entry = self.watchers.pop(agent_id, None)
             if entry is not None:
@@ -147,6 +148,7 @@ class ServerState:
         if entry is not None:
             entry.watcher.stop()
             entry.thread.join(timeout)
+        return entry
 
     def unwatch_all(self) -> None:
         for agent_id in list(self.watchers):
