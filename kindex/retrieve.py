@@ -58,6 +58,7 @@ from kindex.searchindex import (
     read_entries,
     still_current,
     term_hash,
+    wait_for_update,
 )
 from kindex.store import STATE_DIR, refuse_theme_folder
 from kindex.tokenize import estimate_tokens, units
@@ -263,6 +264,9 @@ class _Loaded:
     written in a message names a document (:func:`_named`); made on first use."""
 
 
+UPDATE_WAIT_S = 120.0
+"""How long a call that finds the tables stale waits for a step of its process saving new ones (the whole build of
+a large KB's first reindex), before it builds them itself."""
 MAX_WARNINGS = 10
 MAX_WARNING_CHARS = 300
 """A warning quotes what it found (a version, a folder name): a hand-edited index must not make it megabytes."""
@@ -290,6 +294,11 @@ def _load(kb: Path, last: SearchIndex | None = None) -> _Loaded:
     stamps_seen = _stats(stamps)
     saved = load(kb)
     index = None if saved is None else still_current(kb, saved)
+    if index is None and wait_for_update(kb, UPDATE_WAIT_S):
+        # A step of this process has just saved the tables these index files need: the same work, done once.
+        stamps_seen = _stats(stamps)
+        saved = load(kb)
+        index = None if saved is None else still_current(kb, saved)
     problems: tuple[str, ...] = ()
     stale = index is None
     if index is None:
