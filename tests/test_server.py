@@ -668,3 +668,12 @@ def test_only_json_true_clears_a_theme_and_the_step_says_what_it_dropped(app: Fa
         "billing/index.json was started afresh (clear_dir): it lists only 退款政策.md now, and its 5 other entries "
         "are gone until a doc or sub step adds them"
     ]
+
+
+def test_the_openapi_document_lists_the_statuses_each_route_answers(app: FastAPI) -> None:
+    # /healthz needs no token but was documented with 401; 405 and 500, which every route can answer, were missing,
+    # and 400, which no route answers any more, was listed.
+    paths = app.openapi()["paths"]
+    assert sorted(paths["/healthz"]["get"]["responses"]) == ["200", "405", "500", "503"]
+    context = paths["/v1/agents/{agent_id}/knowledge/context"]["post"]["responses"]
+    assert {"401", "405", "422", "500"} <= set(context) and "400" not in context

@@ -25,17 +25,25 @@ from kindex.server.tasks import DEFAULT_TASK_WORKERS, TaskEngine, Tasks
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": desc}
     for status, desc in (
-        (400, "A request the server cannot read, such as a malformed multipart upload (`invalid_request`)."),
         (401, "Missing or wrong bearer token (`unauthorized`)."),
         (403, "Without a token: a request not to and from this machine (`forbidden`)."),
         (404, "Unknown KB, theme, document or task."),
         (409, "The agent's KB is busy, has no index, or the task was cancelled."),
+        (405, "A method the path does not take (`method_not_allowed`; the `Allow` header lists the ones it does)."),
         (413, "Request body too large."),
-        (422, "A body that is not a JSON object, or a field of the wrong type or out of bounds (`invalid_request`)."),
+        (
+            422,
+            "A body that is not a JSON object in UTF-8, a field of the wrong type or out of bounds, or one the route "
+            "does not take (`invalid_request`); a broken `kindex.toml` or skill package (`invalid_file`, "
+            "`invalid_skill`).",
+        ),
+        (500, "An error of the server's own (`internal_error`; the details are in its log, not in the answer)."),
         (502, "The model could not be used (`model_error`)."),
         (503, "Queue mode: the queue's Redis cannot be reached (`queue_unavailable`)."),
     )
 }
+_UNGUARDED: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (405, 500)}
+"""What ``/healthz``, which needs no token, can answer besides its own."""
 
 
 def create_app(
@@ -96,13 +104,13 @@ def create_app(
         version=kindex.__version__,
         description="Two-layer index and retrieval over each agent's Markdown knowledge folder.",
         lifespan=lifespan,
-        responses=_ERRORS,
     )
     app.state.kindex = state
     app.state.tasks = tasks
     app.state.kb_root = root
-    for router in (routes.knowledge, routes.skills_router, routes.tasks_router, routes.health):
-        app.include_router(router)
+    for router in (routes.knowledge, routes.skills_router, routes.tasks_router):
+        app.include_router(router, responses=_ERRORS)
+    app.include_router(routes.health, responses=_UNGUARDED)
     install_handlers(app, authorize)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     return app
