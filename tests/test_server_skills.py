@@ -84,3 +84,15 @@ def test_a_multipart_body_that_does_not_parse_gets_401_first_without_the_token(a
     with_token = call(app, "POST", f"{BASE}/import", content=body, headers=headers)
     assert with_token.status_code == 422 and with_token.json()["error"]["code"] == "invalid_request"
     assert with_token.json()["error"]["message"].startswith("the body could not be read: send a JSON object in UTF-8")
+
+
+def test_skill_routes_on_a_plain_knowledge_folder_say_what_it_lacks(app: FastAPI, tmp_path: Path) -> None:
+    # It answered kb_not_found "has no skill library" for a folder that exists; the MCP tool said not_found.
+    plain = tmp_path / "agents" / "plain"
+    plain.mkdir()
+    (plain / "a.md").write_text("# a\n\ntext\n", encoding="utf-8")
+    r = call(app, "POST", "/v1/agents/plain/skills/find", json={"query": "pdf"})
+    assert r.status_code == 404 and r.json()["error"] == {
+        "code": "not_found",
+        "message": "agent 'plain''s knowledge folder is not a skill library (no folder holds a SKILL.md)",
+    }

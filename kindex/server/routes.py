@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, NotAThemeError, status_of
+from kindex.errors import IndexMissingError, InvalidFileError, NotAThemeError, NotFoundError, status_of
 from kindex.kb import KnowledgeBase, Step, check_agent_id
 from kindex.records import INDEX_FILE, Index
 from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit, TaskModel
@@ -204,7 +204,10 @@ def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:
 def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
     kb = state.handle(agent_id)
     if not kb.is_skill_library:
-        raise KBNotFoundError(f"agent {agent_id!r} has no skill library (no folder with a SKILL.md)")
+        # The KB is there (kb_not_found said it was not): what it lacks is a skill, as the MCP tool says.
+        raise NotFoundError(
+            f"agent {agent_id!r}'s knowledge folder is not a skill library (no folder holds a SKILL.md)"
+        )
     return kb
 
 
