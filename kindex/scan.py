@@ -115,7 +115,7 @@ class Scan:
         the scan, the read its entry was made from stays remembered: the next scan reads it again, and
         :meth:`changed` names it until a step indexes it."""
         if self.memory is not None:
-            self.memory.settle(indexed, self.stand_ins)
+            self.memory.settle(self.kb, indexed, self.stand_ins)
             self.memory.save(self.kb)
 
     def changed(self) -> tuple[str, ...]:
@@ -402,7 +402,8 @@ class _Memory:
         if not all(_valid_row(row, length) for row in rows.values()):
             return cls(excerpt_chars, {})
         if not reuse or length < excerpt_chars:  # every document is read; the rows still tell what changed since
-            return cls(excerpt_chars, rows, trusted=False)
+            # Rows kept from them may hold longer excerpts than this scan's: the length stays the longer one.
+            return cls(max(length, excerpt_chars), rows, trusted=False)
         return cls(length, rows)
 
     def get(
@@ -428,17 +429,18 @@ class _Memory:
         self.changed = self.changed or self.rows.get(doc.rel) != row
         self.seen[doc.rel] = row
 
-    def settle(self, indexed: Callable[[str], bool], stand_ins: Collection[str]) -> None:
+    def settle(self, kb: Path, indexed: Callable[[str], bool], stand_ins: Collection[str]) -> None:
         """Before :meth:`save`: of a document not ``indexed`` or found changed during the step (``stand_ins``), the
-        row its entry was made from, when its text was another, replaces this scan's; a stand-in without one is
-        dropped. Either way it is read again next time."""
+        row its entry was made from, when its text was another, replaces this scan's: the next scan reads it again
+        (its file's times are others) and :meth:`Scan.changed` names it. A stand-in whose file still has the times
+        of its row has a row that is wrong about its text (a damaged memory): dropped, so it is read again."""
         for rel, row in list(self.seen.items()):
             if indexed(rel) and rel not in stand_ins:
                 continue
             old = self.rows.get(rel)
             if old is not None and old[5] != row[5]:
                 self.seen[rel] = old
-            elif rel in stand_ins:  # a row the file's times still match, but not its text
+            elif rel in stand_ins and _signature(kb / rel) == tuple(row[:4]):
                 del self.seen[rel]
                 self.changed = True
 
@@ -456,6 +458,15 @@ class _Memory:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _signature(path: Path) -> tuple[int, int, int, int] | None:
+    """A file's stat signature as the memory keys its rows, ``None`` when it cannot be stat-ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
 
 def _valid_row(row: object, excerpt_chars: int) -> bool:

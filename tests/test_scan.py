@@ -706,3 +706,36 @@ def test_a_reindex_parses_each_documents_frontmatter_once(tmp_path: Path, monkey
     assert len(parsed) == 3
     s = scan(kb)
     assert s.read_text(s.documents[1]) == "# 标题1\n\n正文1。"  # the body, its frontmatter left out unparsed
+
+
+def test_a_document_edited_while_a_step_runs_is_named_by_validate(tmp_path: Path, reads: list[str]) -> None:
+    # Unchanged at the scan, edited before its entry was made: the entry describes the old text, and the step
+    # dropped its row, so validate said "index is valid" (a hostile campaign, editors saving during a long run).
+    kb = _memory_kb(tmp_path)
+    kindex.reindex(kb)
+    edited: list[str] = []
+
+    def edit_once(p: kindex.Progress) -> None:
+        if not edited:
+            doc = kb / "billing" / "doc3.md"
+            doc.write_text(doc.read_text(encoding="utf-8") + "\n\n运行中加的一段。\n", encoding="utf-8")
+            edited.append("billing/doc3.md")
+
+    kindex.reindex(kb, kindex.Options(on_progress=edit_once))
+    assert [p.split(":")[0] for p in kindex.validate(kb)] == edited
+    kindex.reindex(kb)
+    assert kindex.validate(kb) == []
+
+
+def test_a_forced_step_with_shorter_excerpts_keeps_the_memory_whole(tmp_path: Path, reads: list[str]) -> None:
+    # It kept an old row (1,200-character excerpt) under the step's 300: the next load refused the whole file, and
+    # validate forgot every stale entry for good.
+    kb = _memory_kb(tmp_path)
+    kindex.reindex(kb)
+    stale = kb / "billing" / "doc0.md"
+    stale.write_text(stale.read_text(encoding="utf-8") + "\n" + "改" * 600 + "\n", encoding="utf-8")
+    kindex.doc(kb, "billing", "doc1.md", options=kindex.Options(force=True, excerpt_chars=300))
+    assert _rows(kb)["excerpt_chars"] == 1200
+    reads.clear()
+    assert [p.split(":")[0] for p in kindex.validate(kb)] == ["billing/doc0.md"]
+    assert reads == ["doc0.md"]  # the memory still stands for the others
