@@ -538,8 +538,9 @@ class _Runner:
         dropped = len([x for x in held.documents if x.path != item.path]) if clear_dir and held is not None else 0
         if dropped:
             self.report.notes.append(
-                f"{dir_name}/index.json was started afresh (clear_dir): it lists only {item.path} now, and its "
-                f"{dropped} other entries are gone until a doc or sub step adds them"
+                f"{dir_name}/index.json was started afresh (clear_dir): it lists only {item.path} now; "
+                f"{dropped} other {'entry is' if dropped == 1 else 'entries are'} gone until a doc or sub step adds "
+                f"{'it' if dropped == 1 else 'them'}"
             )
 
     async def run(self, body: Callable[[_Runner], Any]) -> None:

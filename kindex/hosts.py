@@ -26,8 +26,8 @@ def loopback(netloc: str) -> bool:
 def token_refusal(authorization: bytes, token: str) -> str | None:
     """Why a request with this ``Authorization`` header may not pass (``None``: it may): a token missing and a token
     that is not the server's are told apart, so a client that sent one knows to check it, not to add it."""
-    scheme, _, given = authorization.partition(b" ")
-    if not authorization.strip():
+    scheme, _, given = authorization.strip().partition(b" ")
+    if not authorization.strip() or (scheme.lower() == b"bearer" and not given.strip()):
         return SEND_TOKEN
     if scheme.lower() != b"bearer":  # the scheme is case-insensitive (RFC 9110)
         return f"the Authorization header must be `Bearer <token>`: {SEND_TOKEN}"

@@ -63,6 +63,10 @@ class Settings:
 
     def check(self) -> None:
         """:class:`kindex.UsageError` for a setting that cannot be meant."""
+        if not isinstance(self.generation, Options):
+            raise UsageError(f"generation must be kindex.Options, got {type(self.generation).__name__}")
+        if not isinstance(self.fallback_docs, (tuple, list)) or not all(isinstance(x, str) for x in self.fallback_docs):
+            raise UsageError(f"fallback_docs must be a list of strings, got {self.fallback_docs!r}"[:300])
         self.generation.check()
         check_context_options(self.budget_tokens, self.max_docs, self.min_relevance)
 
@@ -429,9 +433,9 @@ def agent_folder(kb_root: Path, agent_id: str) -> Path:
     if kb.parent != root and kb.is_dir():
         # A folder is there, behind a link: "has no knowledge folder" sent its operator looking for a missing one.
         raise KBNotFoundError(
-            f"agent {agent_id!r}'s folder is a symbolic link to a folder that is not directly under the agents' folder "
-            "(--kb-root): it is not served; move the knowledge folder under --kb-root, or link only to another agent's "
-            "folder"
+            f"the folder of agent {agent_id!r} is a symbolic link to a folder that is not directly under the agents' "
+            "folder (--kb-root): it is not served; move the knowledge folder under --kb-root, or link only to another "
+            "agent's folder"
         )
     if kb.parent != root or not kb.is_dir():
         # The service's root path stays out of an answer its tenants read; the hint says what to check.

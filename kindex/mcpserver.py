@@ -453,7 +453,9 @@ class _BearerGuard:
         self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
     ) -> None:
         if scope["type"] == "http":
-            refusal = token_refusal(dict(scope.get("headers") or []).get(b"authorization", b""), self.token)
+            # The first Authorization header, as kindex serve reads it (a dict would keep the last of several).
+            sent = next((v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"), b"")
+            refusal = token_refusal(sent, self.token)
             if refusal is not None:
                 body = orjson.dumps({"error": {"code": "unauthorized", "message": refusal}})
                 await send(

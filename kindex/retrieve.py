@@ -264,6 +264,8 @@ class _Loaded:
     written in a message names a document (:func:`_named`); made on first use."""
 
 
+MAX_FALLBACK_CHECKED = 100
+"""Fallback names looked at per call: the HTTP body takes 20; a library caller's list is bounded here."""
 UPDATE_WAIT_S = 120.0
 """How long a call that finds the tables stale waits for a step of its process saving new ones (the whole build of
 a large KB's first reindex), before it builds them itself."""
@@ -1119,7 +1121,9 @@ def _unservable(root: Path, names: Sequence[str]) -> tuple[str, ...]:
     show before the first off-topic message needs it. The defaults are names a KB may well not have."""
     if tuple(names) == DEFAULT_FALLBACK_DOCS:
         return ()
-    missing = [name for name in list(dict.fromkeys(names))[:MAX_WARNINGS] if not servable(root, normalize_path(name))]
+    # Every name is looked at (a stat each, at most MAX_FALLBACK_CHECKED), the first MAX_WARNINGS missing said.
+    names = list(dict.fromkeys(names))[:MAX_FALLBACK_CHECKED]
+    missing = [name for name in names if not servable(root, normalize_path(name))][:MAX_WARNINGS]
     return tuple(
         f"fallback document {_quoted(name)} does not exist or is not a .md file in the KB: the next overview in "
         "line serves (fallback_docs: the call's, KINDEX_FALLBACK_DOCS or kindex.toml)"

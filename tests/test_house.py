@@ -255,6 +255,8 @@ def test_a_handles_registry_keeps_at_most_its_limit_and_drops_the_least_recently
         ({"budget_tokens": 10}, "budget_tokens must be 50 to 200,000, got 10"),
         ({"max_docs": 0}, "max_docs must be 1 to 50, got 0"),
         ({"min_relevance": 5}, "min_relevance must be between 0 and 1, got 5"),
+        ({"fallback_docs": [1, 2]}, "fallback_docs must be a list of strings, got [1, 2]"),
+        ({"generation": None}, "generation must be kindex.Options, got NoneType"),
     ],
 )
 def test_settings_out_of_bounds_are_refused_where_they_are_written(kw: dict[str, Any], error: str) -> None:

@@ -218,6 +218,9 @@ def test_http_refuses_requests_without_the_token_and_foreign_hosts(serving: str)
             assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
             wrong = await anon.post(serving, json={}, headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 401 and "is not this server's" in wrong.json()["error"]["message"]
+            # Of two Authorization headers the first counts, as kindex serve reads them (the last one passed).
+            two = [("Authorization", "Bearer nope"), ("Authorization", f"Bearer {TOKEN}")]
+            assert (await anon.post(serving, json={}, headers=two)).status_code == 401
             lower = await anon.post(
                 serving,
                 json={"jsonrpc": "2.0", "id": 1, "method": "ping"},

@@ -203,6 +203,11 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     assert not matched.fallback and matched.warnings == (matched.warnings[0],) and "'nope.md'" in matched.warnings[0]
     assert kindex.build_context(indexed, "讲个笑话").warnings == ()
     assert len(kindex.build_context(indexed, "x", fallback_docs=[f"{i}.md" for i in range(50)]).warnings) == 10
+    good = sorted(p.relative_to(indexed).as_posix() for p in indexed.rglob("*.md"))[:11]
+    many = [*good, "nope.md"]  # the misspelt twelfth name, after eleven good ones, is said too
+    assert [w.split(" does")[0] for w in kindex.build_context(indexed, "x", fallback_docs=many).warnings] == [
+        "fallback document 'nope.md'"
+    ]
 
 
 def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexed: Path) -> None:

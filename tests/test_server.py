@@ -264,7 +264,7 @@ def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path:
     (kb_root / "linked").symlink_to(kb_root.parent / "elsewhere", target_is_directory=True)
     r = call(app, "GET", "/v1/agents/linked/knowledge/reindex/preview")
     assert r.status_code == 404 and r.json()["error"]["message"].startswith(
-        "agent 'linked''s folder is a symbolic link to a folder that is not directly under the agents' folder "
+        "the folder of agent 'linked' is a symbolic link to a folder that is not directly under the agents' folder "
         "(--kb-root): it is not served"
     )
     assert str(kb_root.parent) not in r.text
@@ -276,6 +276,7 @@ def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:
     said = {
         "": "send the API token as `Authorization: Bearer <token>`",
         "Bearer wrong": "the API token sent is not this server's (KINDEX_API_TOKEN where it runs): check the token",
+        "Bearer ": "send the API token as `Authorization: Bearer <token>`",
         f"Basic {TOKEN}": "the Authorization header must be `Bearer <token>`: send the API token as `Authorization: "
         "Bearer <token>`",
     }
@@ -603,10 +604,10 @@ def test_a_knowledge_folder_given_as_the_root_neither_breaks_nor_misleads(tmp_pa
     r = call(app, "POST", "/v1/agents/billing/knowledge/reindex")
     assert r.status_code == 409 and r.json()["error"]["code"] == "theme_folder", r.text
     message = r.json()["error"]["message"]
-    assert message.startswith("agent 'billing''s folder is a theme of the knowledge folder above it")
+    assert message.startswith("the folder of agent 'billing' is a theme of the knowledge folder above it")
     assert "--kb-root set to the folder that holds one knowledge folder per agent" in message
     assert "kindex " not in message and str(tmp_path) not in r.text
-    for route in ("context", "reindex/preview", "watch"):  # reads and the watcher say the same
+    for route in ("context", "reindex/preview", "watch", "index"):  # reads and the watcher say the same
         method = "PUT" if route == "watch" else "POST" if route == "context" else "GET"
         body = {"message": "退款"} if route == "context" else None
         r = call(app, method, f"/v1/agents/billing/knowledge/{route}", json=body)
@@ -665,8 +666,8 @@ def test_only_json_true_clears_a_theme_and_the_step_says_what_it_dropped(app: Fa
     body = {"dir": "billing", "path": "退款政策.md", "clear_dir": True}
     r = call(app, "POST", f"{BASE}/reindex/sub/doc", json=body)
     assert r.status_code == 200 and r.json()["notes"] == [
-        "billing/index.json was started afresh (clear_dir): it lists only 退款政策.md now, and its 5 other entries "
-        "are gone until a doc or sub step adds them"
+        "billing/index.json was started afresh (clear_dir): it lists only 退款政策.md now; 5 other entries are gone "
+        "until a doc or sub step adds them"
     ]
 
 

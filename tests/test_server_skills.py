@@ -94,5 +94,5 @@ def test_skill_routes_on_a_plain_knowledge_folder_say_what_it_lacks(app: FastAPI
     r = call(app, "POST", "/v1/agents/plain/skills/find", json={"query": "pdf"})
     assert r.status_code == 404 and r.json()["error"] == {
         "code": "not_found",
-        "message": "agent 'plain''s knowledge folder is not a skill library (no folder holds a SKILL.md)",
+        "message": "the knowledge folder of agent 'plain' is not a skill library (no folder holds a SKILL.md)",
     }

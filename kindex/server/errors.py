@@ -49,8 +49,8 @@ def for_http(message: str, root: Path, agent_id: str | None, code: str | None = 
         # The folder above an agent's is --kb-root itself (or, through a link, a folder outside it): the fix is
         # the service's command line or the folder's layout, not a command or route the tenant could send.
         return (
-            f"agent {agent!r}'s folder is a theme of the knowledge folder above it (that folder's {INDEX_FILE} lists "
-            "it): served or indexed on its own it would break that index. When that folder is the service's "
+            f"the folder of agent {agent!r} is a theme of the knowledge folder above it (that folder's {INDEX_FILE} "
+            "lists it): served or indexed on its own it would break that index. When that folder is the service's "
             "--kb-root, start the service with --kb-root set to the folder that holds one knowledge folder per agent"
         )
     message = without_root(message[:2000], root)

@@ -29,7 +29,7 @@ from kindex.server.schemas import (
     WatchUpdateModel,
 )
 from kindex.server.state import AgentWatch, ServerState, agent_kb, authorize, server_state, strict_request
-from kindex.store import read_index_file
+from kindex.store import read_index_file, refuse_theme_folder
 
 _WAIT = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
 _STEP_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": RunReport}, 202: {"model": TaskModel}}
@@ -131,6 +131,7 @@ def theme_index(agent_id: str, dir: str, request: Request) -> Response:
 
 
 def _read_index(kb: Path, dir_name: str | None) -> Index:
+    refuse_theme_folder(kb, reading=True)  # a theme's index is no root index, as /context refuses it too
     try:
         root, _ = read_index_file(kb / INDEX_FILE)
     except (OSError, InvalidFileError, IndexMissingError):
@@ -206,7 +207,7 @@ def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
     if not kb.is_skill_library:
         # The KB is there (kb_not_found said it was not): what it lacks is a skill, as the MCP tool says.
         raise NotFoundError(
-            f"agent {agent_id!r}'s knowledge folder is not a skill library (no folder holds a SKILL.md)"
+            f"the knowledge folder of agent {agent_id!r} is not a skill library (no folder holds a SKILL.md)"
         )
     return kb
 
