@@ -96,3 +96,10 @@ def test_skill_routes_on_a_plain_knowledge_folder_say_what_it_lacks(app: FastAPI
         "code": "not_found",
         "message": "the knowledge folder of agent 'plain' is not a skill library (no folder holds a SKILL.md)",
     }
+
+
+@pytest.mark.parametrize("limit", ["5", True, 2.0])
+def test_find_takes_a_json_integer_limit_as_the_other_bodies_do(app: FastAPI, limit: object) -> None:
+    # "5" and true were read as 5 and 1, where budget_tokens and max_docs refuse them.
+    r = call(app, "POST", f"{BASE}/find", json={"query": "pdf", "limit": limit})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request" and "limit" in r.text

@@ -81,7 +81,7 @@ class ContextRequest(BaseModel):
 class FindRequest(BaseModel):
     model_config = _BODY
     query: str = Field(max_length=20_000)
-    limit: int = Field(default=10, ge=1, le=200, description="Distinct skills to return.")
+    limit: int = Field(default=10, strict=True, ge=1, le=200, description="Distinct skills to return.")
     levels: list[Annotated[int, Field(strict=True, ge=0, le=2)]] | None = Field(
         default=None, description="Only hits of these levels: 0 skill summary, 1 folder overview, 2 file."
     )
