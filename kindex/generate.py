@@ -553,6 +553,14 @@ class _Runner:
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
+        if self.scan.stand_ins:
+            # Their entries describe them as the scan read them; said here, not only by a later validate.
+            moved = sorted(self.scan.stand_ins)
+            shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
+            self.report.notes.append(
+                f"changed while the step ran: {shown}: indexed as they were when it started; the next step (or "
+                "the watcher) indexes them as they are now"
+            )
         self.scan.remember(self.indexed.__contains__)
 
     async def reindex(self) -> None:
