@@ -322,7 +322,7 @@ def _scan_file(
             Skipped(path=rel, reason=f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
         )
         return None
-    signature = (st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino)
+    signature = _stat_signature(st)
     if trust and os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
         known = memory.get(rel, signature, excerpt_chars)
         if known is not None:
@@ -461,11 +461,15 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
-    """A file's stat signature as the memory keys its rows, ``None`` when it cannot be stat-ed."""
+    """The stat signature of the file at ``path``, ``None`` when it cannot be stat-ed."""
     try:
-        st = os.stat(path)
+        return _stat_signature(os.stat(path))
     except OSError:
         return None
+
+
+def _stat_signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A file's stat signature as the memory keys its rows: modification and change times in ns, size, inode."""
     return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
 
