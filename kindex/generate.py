@@ -12,6 +12,7 @@ lives in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -53,6 +54,7 @@ from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgr
 from kindex.sanitize import doc_entry, root_index, theme_index
 from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
 from kindex.store import (
+    STATE_DIR,
     index_bytes,
     read_index,
     refuse_foreign,
@@ -234,8 +236,12 @@ def _run(
         # The scan's warnings (said by preview only, before), of what the step covers: a theme's for sub and doc.
         within = "" if subject is None else subject + "/"
         runner.report.notes.extend(f"{w.path}: {w.reason}" for w in s.warnings if w.path.startswith(within))
+        # A first offline run takes seconds, and until it saves the tables a call could only build them all
+        # itself, beside it: calls wait for the whole step then, not only for its table update.
+        first = generator.offline and not (s.kb / STATE_DIR / searchindex.SEARCH_FILE).exists()
         try:
-            _run_to_end(lambda: runner.run(body))
+            with searchindex.saving(s.kb) if first else contextlib.nullcontext():
+                _run_to_end(lambda: runner.run(body))
         except KeyboardInterrupt:
             done = runner.report.report(time.monotonic() - started)
             raise InterruptedRun(

@@ -25,7 +25,8 @@ import stat
 import threading
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -521,21 +522,32 @@ def wait_for_update(kb: Path, timeout: float) -> bool:
     return done is not None and done.wait(timeout)
 
 
+@contextmanager
+def saving(kb: Path) -> Iterator[None]:
+    """Mark ``kb`` as having its tables saved by this process while the block runs (see :func:`wait_for_update`);
+    nested marks of one KB are one."""
+    done = threading.Event()
+    with _UPDATING_LOCK:
+        mine = kb not in _UPDATING  # one writer per KB (its lock): only its own step can have marked it
+        if mine:
+            _UPDATING[kb] = done
+    try:
+        yield
+    finally:
+        if mine:
+            with _UPDATING_LOCK:
+                _UPDATING.pop(kb, None)
+            done.set()
+
+
 def update(kb: Path, scan: Scan) -> int:
     """Bring the saved search index of ``kb`` up to date with its index files and documents; how many documents
     were read and analysed afresh (new, or their entry, headings or content changed).
 
     Only those are read; the file is not rewritten when nothing changed.
     """
-    done = threading.Event()
-    with _UPDATING_LOCK:
-        _UPDATING[kb] = done  # one writer per KB (its lock): no other update of it runs meanwhile
-    try:
+    with saving(kb):
         return _update(kb, scan)
-    finally:
-        with _UPDATING_LOCK:
-            _UPDATING.pop(kb, None)
-        done.set()
 
 
 def _update(kb: Path, scan: Scan) -> int:

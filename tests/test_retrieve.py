@@ -1193,3 +1193,33 @@ def test_a_call_during_a_steps_table_update_waits_for_it_instead_of_building_the
     step.join(30)
     call.join(30)
     assert built == [] and answers[0].warnings == () and answers[0].items[0].path == "billing/退款政策.md"
+
+
+def test_a_call_during_a_first_offline_reindex_waits_for_it(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call that came between the root index's write and the step's table update built every table itself,
+    # beside the step (34 s calls under `kindex serve` with other load); one before the root index got
+    # index_missing. A first offline run takes seconds: the call waits for it and answers from what it saved.
+    import threading
+
+    built: list[Path] = []
+    real_from_files = kindex.searchindex.from_files
+
+    def building(kb: Path, *args: Any) -> kindex.searchindex.SearchIndex:
+        built.append(kb)
+        return real_from_files(kb, *args)
+
+    monkeypatch.setattr(kindex.retrieve, "from_files", building)
+    answers: list[kindex.Context] = []
+    calls: list[threading.Thread] = []
+
+    def ask_once(p: kindex.Progress) -> None:
+        if not calls:  # the step has scanned and started: no index file written yet
+            call = threading.Thread(
+                target=lambda: answers.append(kindex.KnowledgeBase(sample_kb).context("退款多久到账"))
+            )
+            call.start()
+            calls.append(call)
+
+    kindex.reindex(sample_kb, kindex.Options(on_progress=ask_once))
+    calls[0].join(30)
+    assert built == [] and answers[0].warnings == () and answers[0].items[0].path == "billing/退款政策.md"
