@@ -8,7 +8,6 @@ Run it from two checkouts to compare code (each imports the kindex beside it).
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -16,6 +15,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import corpus_option, fresh_copy
 
 import kindex
 
@@ -24,14 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpora" / "memdocs-zh" / "kb")
+    corpus_option(ap)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     times = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            kb = Path(tmp) / "kb"
-            shutil.copytree(args.corpus, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+            kb = fresh_copy(args.corpus, Path(tmp) / "kb")
             started = time.perf_counter()
             kindex.reindex(kb)
             times.append(time.perf_counter() - started)

@@ -11,7 +11,6 @@ fail with `index_missing` and are not counted). Run it from two checkouts to com
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import threading
@@ -19,6 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import corpus_option, fresh_copy
 
 import kindex
 
@@ -27,8 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def one_run(corpus: Path) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
-        kb = Path(tmp) / "kb"
-        shutil.copytree(corpus, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        kb = fresh_copy(corpus, Path(tmp) / "kb")
         done = threading.Event()
         started = time.perf_counter()
         step = threading.Thread(target=lambda: (kindex.reindex(kb), done.set()))
@@ -49,7 +50,7 @@ def one_run(corpus: Path) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpora" / "memdocs-zh" / "kb")
+    corpus_option(ap)
     ap.add_argument("--runs", type=int, default=2)
     args = ap.parse_args()
     print(f"| run ({ROOT.name}) | reindex | slowest call | calls answered |\n|---|---|---|---|")

@@ -13,17 +13,18 @@ once with them deleted (every document read and analysed). Medians and their rat
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import corpus_option, indexed_copy
 
 import kindex
 from kindex.searchindex import SEARCH_FILE
@@ -44,15 +45,11 @@ print(time.perf_counter() - t)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpora" / "memdocs-zh" / "kb")
+    corpus_option(ap)
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        kb = Path(tmp) / "kb"
-        shutil.copytree(args.corpus, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
-        # A KB's files are older than the 2 s in which a file just written is read again (as these copies are not).
-        time.sleep(2.1)
-        kindex.reindex(kb)
+        kb = indexed_copy(args.corpus, Path(tmp) / "kb")
         tables = kb / STATE_DIR / SEARCH_FILE
         saved = tables.read_bytes()
         theme = next(d for d in kindex.scan(kb).documents if d.theme is not None).theme

@@ -1097,48 +1097,57 @@ def test_a_home_page_standing_in_for_the_overview_serves_its_head_only(tmp_path:
     assert ctx.items[0].path == "导读.md" and ctx.items[0].tokens > 5000
 
 
-def test_stale_tables_are_rebuilt_in_memory_from_the_changed_documents_only(
-    indexed: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # While a step writes a theme index the saved tables are stale: every call in that window re-analysed every
-    # document of the KB (10 s on 1,445 pages, while the step itself was doing the same work).
-    analysed: list[str] = []
+@pytest.fixture
+def analysed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The documents the search tables analyse afresh, in order."""
+    seen: list[str] = []
     real = kindex.searchindex._doc_fields
 
     def counting(src: kindex.searchindex.Source, vocab: Any) -> Any:
-        analysed.append(src.path)
+        seen.append(src.path)
         return real(src, vocab)
 
+    monkeypatch.setattr(kindex.searchindex, "_doc_fields", counting)
+    return seen
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The KBs whose tables retrieval built in memory instead of loading them as saved."""
+    seen: list[Path] = []
+    real = kindex.searchindex.from_files
+
+    def building(kb: Path, *args: Any) -> kindex.searchindex.SearchIndex:
+        seen.append(kb)
+        return real(kb, *args)
+
+    monkeypatch.setattr(kindex.retrieve, "from_files", building)
+    return seen
+
+
+def test_stale_tables_are_rebuilt_in_memory_from_the_changed_documents_only(indexed: Path, analysed: list[str]) -> None:
+    # While a step writes a theme index the saved tables are stale: every call in that window re-analysed every
+    # document of the KB (10 s on 1,445 pages, while the step itself was doing the same work).
     theme = indexed / "billing" / "index.json"
     theme.write_bytes(theme.read_bytes().replace("退款".encode(), "退货".encode(), 1))  # one entry edited by hand
-    monkeypatch.setattr(kindex.searchindex, "_doc_fields", counting)
     kindex.kb.clear_cache()
     ctx = kindex.build_context(indexed, "退款多久到账")
     assert kindex.retrieve.STALE_TABLES in ctx.warnings and len(analysed) == 1
     assert ctx.items[0].path == "billing/退款政策.md"
     in_memory = kindex.search(indexed, "退货 发票 账号 同步", limit=None)
-    (
-        indexed / ".kindex" / kindex.searchindex.SEARCH_FILE
-    ).unlink()  # from nothing: every document analysed, the same ranking
+    # From nothing: every document analysed, the same ranking.
+    (indexed / ".kindex" / kindex.searchindex.SEARCH_FILE).unlink()
     kindex.kb.clear_cache()
     analysed.clear()
     assert kindex.search(indexed, "退货 发票 账号 同步", limit=None) == in_memory and len(analysed) > 15
 
 
 def test_without_saved_tables_a_changed_theme_costs_its_documents_not_the_kb(
-    indexed: Path, monkeypatch: pytest.MonkeyPatch
+    indexed: Path, analysed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A first reindex saves no tables until it ends, and each theme index it writes meanwhile made every call
     # rebuild the whole KB in memory: the tables loaded before are where the next build starts.
-    analysed: list[str] = []
-    real = kindex.searchindex._doc_fields
-
-    def counting(src: kindex.searchindex.Source, vocab: Any) -> Any:
-        analysed.append(src.path)
-        return real(src, vocab)
-
     (indexed / ".kindex" / kindex.searchindex.SEARCH_FILE).unlink()
-    monkeypatch.setattr(kindex.searchindex, "_doc_fields", counting)
     kb = kindex.KnowledgeBase(indexed)
     assert kb.context("退款多久到账").items[0].path == "billing/退款政策.md" and len(analysed) > 15
     analysed.clear()
@@ -1150,7 +1159,7 @@ def test_without_saved_tables_a_changed_theme_costs_its_documents_not_the_kb(
 
 
 def test_a_call_during_a_steps_table_update_waits_for_it_instead_of_building_the_same(
-    indexed: Path, monkeypatch: pytest.MonkeyPatch
+    indexed: Path, built: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # At the end of a first reindex the service's context calls built the tables in memory beside the step that
     # was building the same ones: 15 s a call on memdocs-zh and a reindex twice as long, instead of 5 s and 9 s.
@@ -1165,15 +1174,7 @@ def test_a_call_during_a_steps_table_update_waits_for_it_instead_of_building_the
         assert proceed.wait(30)
         return real_update(kb, s)
 
-    built: list[Path] = []
-    real_from_files = kindex.searchindex.from_files
     monkeypatch.setattr(kindex.searchindex, "_update", held)
-
-    def building(kb: Path, *args: Any) -> kindex.searchindex.SearchIndex:
-        built.append(kb)
-        return real_from_files(kb, *args)
-
-    monkeypatch.setattr(kindex.retrieve, "from_files", building)
     step = threading.Thread(target=kindex.searchindex.update, args=(indexed, kindex.scan(indexed)))
     waiting = threading.Event()
     real_wait = kindex.searchindex.wait_for_update
@@ -1195,20 +1196,12 @@ def test_a_call_during_a_steps_table_update_waits_for_it_instead_of_building_the
     assert built == [] and answers[0].warnings == () and answers[0].items[0].path == "billing/退款政策.md"
 
 
-def test_a_call_during_a_first_offline_reindex_waits_for_it(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_call_during_a_first_offline_reindex_waits_for_it(sample_kb: Path, built: list[Path]) -> None:
     # A call that came between the root index's write and the step's table update built every table itself,
     # beside the step (34 s calls under `kindex serve` with other load); one before the root index got
     # index_missing. A first offline run takes seconds: the call waits for it and answers from what it saved.
     import threading
 
-    built: list[Path] = []
-    real_from_files = kindex.searchindex.from_files
-
-    def building(kb: Path, *args: Any) -> kindex.searchindex.SearchIndex:
-        built.append(kb)
-        return real_from_files(kb, *args)
-
-    monkeypatch.setattr(kindex.retrieve, "from_files", building)
     answers: list[kindex.Context] = []
     calls: list[threading.Thread] = []
 
