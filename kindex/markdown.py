@@ -82,6 +82,47 @@ def without_link_targets(text: str) -> str:
     return "".join(out)
 
 
+MAX_LINK_TEXT = 200
+"""A longer link text is a paragraph someone bracketed, not a name for the page it links to."""
+MAX_LINK_TARGET = 500
+
+
+def links(text: str) -> Iterator[tuple[str, str]]:
+    """The inline links ``[text](target)`` of ``text`` outside code blocks, in order: (link text, target as
+    written, without an angle-bracketed form's brackets or a title). Images are not links; a link whose text or
+    target is longer than a name or a path would be is skipped. A link does not span lines here. Each line is one
+    forward pass (as :func:`without_link_targets`), and only lines holding ``](`` are looked at."""
+    if "](" not in text:
+        return
+    # Only a fenced block is code to :func:`lines`; without a fence, every line is read as it is (most pages).
+    fenced = "```" in text or "~~~" in text
+    for raw in (line.text for line in lines(text) if line.fence is None) if fenced else physical_lines(text):
+        if "](" not in raw:
+            continue
+        low = pos = 0  # where this link's "[" may start; where to look for the next "]("
+        end = -1  # the first ")" after the current "](": found once for every "](" before it
+        while (start := raw.find("](", pos)) >= 0:
+            if end < start + 2:
+                end = raw.find(")", start + 2)
+                if end < 0:
+                    break
+            further = raw.find("](", start + 2, end)
+            if further >= 0:  # "[a](b and [c](d)": the first is no link (its target would hold a "](")
+                low = pos = start + 2
+                continue
+            opening = raw.rfind("[", low, start)
+            low = pos = end + 1
+            if opening < 0 or (opening > 0 and raw[opening - 1] == "!"):
+                continue
+            label, target = raw[opening + 1 : start].strip(), raw[start + 2 : end].strip()
+            if target.startswith("<") and ">" in target:
+                target = target[1 : target.index(">")]
+            elif target:
+                target = target.split()[0]
+            if label and target and len(label) <= MAX_LINK_TEXT and len(target) <= MAX_LINK_TARGET:
+                yield label, target
+
+
 def heading_title(line: str) -> str | None:
     """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute."""
     stripped, ok = _indent_ok(line.rstrip("\r\n"))

@@ -82,9 +82,19 @@ FIELD_WEIGHTS = {
     "questions": 1.0,
     "headings": 0.75,
     "path": 1.5,
+    "anchors": 1.5,
     "body": 0.5,
 }
-FIELD_B = {"title": 0.3, "tags": 0.3, "summary": 0.5, "questions": 0.5, "headings": 0.6, "path": 0.3, "body": 0.75}
+FIELD_B = {
+    "title": 0.3,
+    "tags": 0.3,
+    "summary": 0.5,
+    "questions": 0.5,
+    "headings": 0.6,
+    "path": 0.3,
+    "anchors": 0.5,
+    "body": 0.75,
+}
 K1 = 1.2
 BODY_COVER = 0.75
 """How much a word found only in a document's body counts towards covering the question (its entry counts 1), times

@@ -2,15 +2,21 @@
 
 Generation writes it (:func:`update`), retrieval reads it (:func:`load`); neither imports the other.
 
-Each field (title, tags, summary, questions, headings, path, body) is one postings table: per term, the documents
-holding it and how often. Terms are stored as 64-bit hashes in a sorted array, so a cold process loads the tables
-with a few array reads instead of parsing a vocabulary (a collision between two real terms is a 1-in-10^19 event and
-would cost one spurious match). Scores are computed at query time from raw frequencies (BM25F: field-weighted,
+Each field (title, tags, summary, questions, headings, path, anchors, body) is one postings table: per term, the
+documents holding it and how often. Terms are stored as 64-bit hashes in a sorted array, so a cold process loads the
+tables with a few array reads instead of parsing a vocabulary (a collision between two real terms is a 1-in-10^19
+event and would cost one spurious match). Scores are computed at query time from raw frequencies (BM25F: field-weighted,
 length-normalised frequencies summed before one saturation, rarity from the documents holding the term in any
 field), so field weights can change without a rebuild.
 
 Updating is per document: a document whose entry and body are unchanged keeps its postings as they are (remapped
 with vectorised array operations); only a changed document is read and analysed again.
+
+The ``anchors`` field of a document holds the texts of the links other documents of the KB make to it
+(``[限流](plugins/limit-req.md)``): how other pages name it, often in other words than its own (anchor text, a
+field of web search since Craswell, Hawking & Robertson, SIGIR 2001). Each document's outgoing links are kept with
+its record, so a changed document costs its own reading and the anchors field of the pages it links to (or linked
+to before), not the KB's.
 
 Long because building, saving, loading (validating a possibly hostile file) and the per-document update
 share the tables' layout; split apart they would have to publish it.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import posixpath
 import stat
 import threading
 import zipfile
@@ -31,6 +38,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import numpy.typing as npt
@@ -38,15 +46,24 @@ import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError
+from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_digest, headings_of, scan
 from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest
 
 SEARCH_FILE = "search.npz"
-FORMAT = 4
-"""3: the theme entries' terms are saved too (see ``SearchIndex.theme_terms``); 4: the index files' digests."""
-FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "body")
-ENTRY_FIELDS = FIELDS[:-1]
+FORMAT = 5
+"""3: the theme entries' terms are saved too (see ``SearchIndex.theme_terms``); 4: the index files' digests;
+5: the anchors field, and each document's links."""
+FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "anchors", "body")
+_ANCHORS = FIELDS.index("anchors")
+MAX_LINKS_PER_DOC = 1_000
+"""Links kept of one document (in order): a real page links to tens; a generated link farm is bounded."""
+_MAX_TARGET = 2 * MAX_LINK_TARGET
+"""A link's target joined to its page's folder: longer than any path a KB holds."""
+MAX_ANCHORS_PER_DOC = 200
+"""Link texts a document's anchors field takes (distinct per linking page, the linking pages in path order): a hub
+that every page links to is named by them long before the 200th, and the work stays bounded."""
 BODY_TERMS_PER_DOC = 20_000
 """A document keeps at most its most frequent body terms: bounds the table whatever the documents' length. Real pages
 stay well under it (FastAPI's release notes, the largest of the corpora: 8,775 terms); at 5,000 (format 1) their
@@ -72,7 +89,12 @@ class DocRecord:
     entry: Mapping[str, Any]
     """The entry's JSON form (:meth:`DocItem.to_dict`); type-checked when loaded."""
     key: str
-    """Hash of everything its terms came from (entry, headings, body, analyzer version)."""
+    """Hash of everything its terms came from (entry, headings, body, analyzer version), its anchors aside."""
+    links: tuple[tuple[str, str], ...] = ()
+    """Its links to other pages of the KB, as ``(target, link text)``: the target KB-relative, normalised, not yet
+    matched against the documents (:func:`_link_target`); read from the body its key was made from."""
+    anchors_key: str = ""
+    """Hash of the link texts its anchors field was analysed from."""
 
     @property
     def item(self) -> DocItem:
@@ -194,7 +216,7 @@ class SearchIndex:
             "signature": self.signature,
             "digests": self.digests,
             "vocab": sorted(self.vocab),
-            "docs": [[d.path, d.theme, d.key, d.entry] for d in self.docs],
+            "docs": [[d.path, d.theme, d.key, d.entry, d.links, d.anchors_key] for d in self.docs],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
             "theme_terms": self.theme_terms,
         }
@@ -318,10 +340,26 @@ def _item(obj: object) -> DocItem:
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
-    path, theme, key, obj = row
-    if not isinstance(path, str) or not isinstance(key, str) or not (theme is None or isinstance(theme, str)):
+    path, theme, key, obj, doc_links, anchors_key = row
+    if (
+        type(path) is not str
+        or type(key) is not str
+        or type(anchors_key) is not str
+        or not (theme is None or type(theme) is str)
+        or type(doc_links) is not list
+        or len(doc_links) > MAX_LINKS_PER_DOC
+    ):
         raise InvalidFileError("bad document record")
-    return DocRecord(path, theme, _entry(obj), key)
+    return DocRecord(path, theme, _entry(obj), key, tuple(_link(x) for x in doc_links), anchors_key)
+
+
+def _link(obj: object) -> tuple[str, str]:
+    if type(obj) is not list or len(obj) != 2:
+        raise InvalidFileError("bad link")
+    target, label = obj
+    if type(target) is not str or type(label) is not str or len(target) > _MAX_TARGET or len(label) > MAX_LINK_TEXT:
+        raise InvalidFileError("bad link")
+    return target, label
 
 
 def _file_signature(kb: Path, rel: str) -> tuple[str, int, int]:
@@ -351,13 +389,22 @@ def still_current(kb: Path, index: SearchIndex) -> SearchIndex | None:
     return replace(index, signature=now) if digests == index.digests and "" not in digests else None
 
 
-def _doc_fields(src: Source, vocab: frozenset[str]) -> dict[str, Counter[str]]:
+def _doc_fields(src: Source, vocab: frozenset[str]) -> tuple[dict[str, Counter[str]], tuple[tuple[str, str], ...]]:
+    """Every field's terms but the anchors', and the document's links."""
     item = src.item
     path_words = src.path.removesuffix(".md").replace("/", " ").replace("_", " ").replace("-", " ")
-    body = Counter(analyze(src.read_body(), vocab))
+    text = src.read_body()
+    out: list[tuple[str, str]] = []
+    for label, written in links(text):
+        target = _link_target(src.path, written)
+        if target is not None:
+            out.append((target, label))
+            if len(out) >= MAX_LINKS_PER_DOC:
+                break
+    body = Counter(analyze(text, vocab))
     if len(body) > BODY_TERMS_PER_DOC:
         body = Counter(dict(sorted(body.items(), key=lambda kv: (-kv[1], kv[0]))[:BODY_TERMS_PER_DOC]))
-    return {
+    fields = {
         "title": Counter(analyze(item.title, vocab)),
         "tags": Counter(analyze(" \n".join(item.tags), vocab)),
         "summary": Counter(analyze(item.summary, vocab)),
@@ -366,6 +413,42 @@ def _doc_fields(src: Source, vocab: frozenset[str]) -> dict[str, Counter[str]]:
         "path": Counter(analyze(path_words, vocab)),
         "body": body,
     }
+    return fields, tuple(out)
+
+
+def _link_target(source: str, written: str) -> str | None:
+    """Where a link of document ``source`` points inside the KB, KB-relative and normalised (``../a/./b.md#x`` →
+    ``a/b.md``), or ``None`` for an address elsewhere (a scheme, a page anchor only, a path out of the KB). A target
+    starting with ``/`` is read from the KB's root, as documentation sites serve it."""
+    target = written.split("#", 1)[0].split("?", 1)[0]
+    if not target or ":" in target or "\\" in target:
+        return None
+    target = unquote(target)
+    joined = target.lstrip("/") if target.startswith("/") else posixpath.join(posixpath.dirname(source), target)
+    norm = posixpath.normpath(joined) if joined else ""
+    if not norm or norm == "." or norm == ".." or norm.startswith("../") or len(norm) > _MAX_TARGET:
+        return None
+    return norm
+
+
+def _anchors(docs: Sequence[tuple[str, tuple[tuple[str, str], ...]]]) -> dict[str, list[str]]:
+    """Per document path, the texts of the links other documents make to it: each linking page's distinct texts,
+    the pages in path order, at most ``MAX_ANCHORS_PER_DOC``. A target is a document's path, or names it without
+    its ``.md`` or as a folder holding it as ``index.md`` or ``README.md`` (how MkDocs and Docusaurus link)."""
+    paths = {path for path, _ in docs}
+    out: dict[str, list[str]] = {}
+    for path, doc_links in sorted(docs):
+        seen: set[tuple[str, str]] = set()
+        for target, label in doc_links:
+            for candidate in (target, f"{target}.md", f"{target}/index.md", f"{target}/README.md"):
+                if candidate in paths:
+                    if candidate != path and (candidate, label) not in seen:
+                        seen.add((candidate, label))
+                        texts = out.setdefault(candidate, [])
+                        if len(texts) < MAX_ANCHORS_PER_DOC:
+                            texts.append(label)
+                    break
+    return out
 
 
 def _key(src: Source) -> str:
@@ -405,30 +488,57 @@ def build(
     if previous is not None:
         vocab = vocab | previous.vocab
     mapping = np.full(len(old_docs), -1, dtype=np.int32)
-    records: list[DocRecord] = []
     lengths = np.zeros((len(sources), len(FIELDS)), dtype=np.float32)
     fresh: dict[str, list[tuple[int, dict[int, float]]]] = {f: [] for f in FIELDS}
     hashes: dict[str, int] = {}
-    for i, (src, key, old) in enumerate(zip(sources, keys, kept, strict=True)):
+    column = {name: f for f, name in enumerate(FIELDS)}
+
+    def add(name: str, i: int, counts: Counter[str]) -> None:
+        lengths[i, column[name]] = sum(counts.values())
+        row: dict[int, float] = {}
+        for term, n in counts.items():
+            h = hashes.get(term)
+            if h is None:
+                h = hashes[term] = term_hash(term)
+            row[h] = float(n)
+        fresh[name].append((i, row))
+
+    doc_links: list[tuple[tuple[str, str], ...]] = []
+    for i, (src, old) in enumerate(zip(sources, kept, strict=True)):
         if old is not None and previous is not None:
             mapping[old] = i
             lengths[i] = previous.lengths[old]
+            doc_links.append(old_docs[old].links)
+            continue
+        analysed, found = _doc_fields(src, vocab)
+        if not src.read_exactly():
+            keys[i] = ""
+        for name, counts in analysed.items():
+            add(name, i, counts)
+        doc_links.append(found)
+    # The anchors field: whatever else changed, a document's anchors come from the other documents' links now.
+    anchors = _anchors([(src.path, found) for src, found in zip(sources, doc_links, strict=True)])
+    anchors_mapping = np.full(len(old_docs), -1, dtype=np.int32)
+    records: list[DocRecord] = []
+    for i, src in enumerate(sources):
+        texts = anchors.get(src.path, [])
+        anchors_key = hashlib.sha256(orjson.dumps([ANALYZER_VERSION, texts])).hexdigest() if texts else ""
+        before = old_at.get(src.path)
+        if before is not None and previous is not None and old_docs[before].anchors_key == anchors_key:
+            anchors_mapping[before] = i
+            lengths[i, _ANCHORS] = previous.lengths[before, _ANCHORS]
+        elif texts:
+            add("anchors", i, Counter(analyze(" \n".join(texts), vocab)))
         else:
-            analysed = _doc_fields(src, vocab)
-            if not src.read_exactly():
-                key = ""
-            for f, (name, counts) in enumerate(analysed.items()):
-                lengths[i, f] = sum(counts.values())
-                row: dict[int, float] = {}
-                for term, n in counts.items():
-                    h = hashes.get(term)
-                    if h is None:
-                        h = hashes[term] = term_hash(term)
-                    row[h] = float(n)
-                fresh[name].append((i, row))
-        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), key))
+            lengths[i, _ANCHORS] = 0.0
+        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), keys[i], doc_links[i], anchors_key))
     empty = FieldTable.empty()
-    fields = {f: FieldTable.merge(previous.fields[f] if previous else empty, mapping, fresh[f]) for f in FIELDS}
+    fields = {
+        f: FieldTable.merge(
+            previous.fields[f] if previous else empty, anchors_mapping if f == "anchors" else mapping, fresh[f]
+        )
+        for f in FIELDS
+    }
     known: dict[ThemeRecord, Mapping[str, int]] = {}
     if previous is not None and previous.vocab == vocab:  # its theme terms were cut with the same vocabulary
         known = dict(zip(previous.themes, previous.theme_terms, strict=True))
@@ -568,7 +678,8 @@ def _update(kb: Path, scan: Scan) -> int:
         and previous.signature == index.signature
         and previous.digests == index.digests
         and previous.themes == index.themes
-        and [(d.path, d.key) for d in previous.docs] == [(d.path, d.key) for d in index.docs]
+        and [(d.path, d.key, d.anchors_key) for d in previous.docs]
+        == [(d.path, d.key, d.anchors_key) for d in index.docs]
     ):
         return fresh
     index.save(kb)

@@ -61,7 +61,7 @@ DAMAGE: dict[str, Callable[[Path], object]] = {
     "empty": lambda kb: _npz(kb).write_bytes(b""),
     "random bytes": lambda kb: _npz(kb).write_bytes(os.urandom(5000)),
     "docs out of range": lambda kb: _rewrite_npz(kb, **{"body.docs": np.full(10, 10**6, dtype=np.int32)}),
-    "wrong dtype": lambda kb: _rewrite_npz(kb, lengths=np.zeros((21, 7), dtype=np.float64)),
+    "wrong dtype": lambda kb: _rewrite_npz(kb, lengths=np.zeros((21, 8), dtype=np.float64)),
     "2-d hashes": lambda kb: _rewrite_npz(kb, **{"title.hashes": np.zeros((2, 2), dtype=np.uint64)}),
     "meta is a list": lambda kb: _rewrite_npz(kb, meta=np.frombuffer(b"[1, 2]", dtype=np.uint8)),
     "an entry's title a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0][3].update(title=7)),
@@ -72,6 +72,13 @@ DAMAGE: dict[str, Callable[[Path], object]] = {
         kb, lambda m: m.update(theme_terms=[{"退款": "many"}] * len(m["themes"]))
     ),
     "a theme's terms missing": lambda kb: _rewrite_meta(kb, lambda m: m.update(theme_terms=m["theme_terms"][1:])),
+    "a document's links a string": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].__setitem__(4, "a.md")),
+    "a link not a pair": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].__setitem__(4, [["a.md", "x", "y"]])),
+    "a link's text a paragraph": lambda kb: _rewrite_meta(
+        kb, lambda m: m["docs"][0].__setitem__(4, [["a.md", "x" * 201]])
+    ),
+    "links past the bound": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].__setitem__(4, [["a.md", "x"]] * 1001)),
+    "an anchors key a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].__setitem__(5, 7)),
     "NaN frequencies": lambda kb: _rewrite_npz(
         kb, **{"body.tfs": np.full(len(np.load(_npz(kb))["body.tfs"]), np.nan, dtype=np.float32)}
     ),

@@ -278,15 +278,21 @@ def test_extractive_summaries_read_html_as_its_text_and_skip_style_blocks(tmp_pa
     assert not {"termy", "span", "abbr", "title"} & {t.casefold() for t in entry.tags}
 
 
-def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    analysed: list[str] = []
+@pytest.fixture
+def analysed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the documents read and analysed for the search tables from now on, in order."""
+    paths: list[str] = []
     real = searchindex._doc_fields
 
     def spy(src: Any, vocab: Any) -> Any:
-        analysed.append(src.path)
+        paths.append(src.path)
         return real(src, vocab)
 
     monkeypatch.setattr(searchindex, "_doc_fields", spy)
+    return paths
+
+
+def test_a_doc_step_analyses_only_the_edited_document(indexed: Path, analysed: list[str]) -> None:
     doc = indexed / "billing" / "自动续费.md"
     doc.write_text(doc.read_text(encoding="utf-8") + "\n海外信用卡付款失败时，请改用支付宝。\n", encoding="utf-8")
 
@@ -459,3 +465,85 @@ def test_small_talk_and_other_products_in_another_script_still_fall_back(indexed
 def test_single_letters_rank_as_weakly_as_single_characters(indexed: Path) -> None:
     # "导出 C S V" served the rate-limits page on its "S".
     assert kindex.search(indexed, "导出 C S V")[0].path == "sync/数据导入导出.md"
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("see [限流](plugins/limit-req.md#配置) first", [("限流", "plugins/limit-req.md#配置")]),
+        ('![架构图](arch.png) and [x](<my page.md> "title")', [("x", "my page.md")]),  # an image is no link
+        ("```\n[in code](c.md)\n```\n[after](a.md)\n", [("after", "a.md")]),
+        ("[unclosed](a.md and [b](b.md)", [("b", "b.md")]),
+        ("[" + "长" * 201 + "](a.md)", []),  # a bracketed paragraph names no page
+        ("[" * 50_000 + "](a.md)", []),  # one forward pass, however many brackets
+    ],
+)
+def test_links_are_read_outside_code_and_images(text: str, found: list[tuple[str, str]]) -> None:
+    from kindex.markdown import links
+
+    assert list(links(text)) == found
+
+
+@pytest.mark.parametrize(
+    ("source", "written", "target"),
+    [
+        ("guide/start.md", "../plugins/limit-req.md#x", "plugins/limit-req.md"),
+        ("guide/start.md", "./limit.md?v=1", "guide/limit.md"),
+        ("guide/start.md", "/plugins/limit-req", "plugins/limit-req"),  # from the KB's root, as a site serves it
+        ("a.md", "%E9%99%90%E6%B5%81.md", "限流.md"),
+        ("a.md", "https://example.com/x.md", None),
+        ("a.md", "mailto:x@example.com", None),
+        ("a.md", "#section", None),
+        ("guide/start.md", "../../outside.md", None),
+    ],
+)
+def test_link_targets_resolve_inside_the_kb(source: str, written: str, target: str | None) -> None:
+    assert searchindex._link_target(source, written) == target
+
+
+def _linked_kb(tmp_path: Path) -> Path:
+    kb = tmp_path / "kb"
+    (kb / "plugins").mkdir(parents=True)
+    (kb / "plugins" / "limit-req.md").write_text(
+        "# limit-req\n\n使用漏桶算法控制每秒请求速率，超出的请求被延迟或拒绝。\n", encoding="utf-8"
+    )
+    (kb / "plugins" / "key-auth.md").write_text("# key-auth\n\n消费者用 API 密钥证明身份。\n", encoding="utf-8")
+    (kb / "guide.md").write_text(
+        "# 入门\n\n本指南带你在十分钟内完成安装、启动与第一条路由的创建。\n\n"
+        + "安装完成后，先创建上游与路由，再按需启用插件，观察网关日志确认流量已经转发。\n\n" * 5
+        + "网关的常见用途：[限流](plugins/limit-req.md)、[鉴权](plugins/key-auth)。\n",
+        encoding="utf-8",
+    )
+    kindex.reindex(kb)
+    return kb
+
+
+def test_a_page_is_found_by_the_words_other_pages_link_to_it_with(tmp_path: Path) -> None:
+    # The limit-req page never writes 限流; the guide names it so. Anchor text: how other pages name a page.
+    kb = _linked_kb(tmp_path)
+    assert next(i.path for i in kindex.search(kb, "限流")) == "plugins/limit-req.md"
+    assert next(i.path for i in kindex.search(kb, "鉴权")) == "plugins/key-auth.md"  # linked without its .md
+    saved = searchindex.load(kb)
+    assert saved is not None
+    guide = next(d for d in saved.docs if d.path == "guide.md")
+    assert guide.links == (("plugins/limit-req.md", "限流"), ("plugins/key-auth", "鉴权"))
+
+
+def test_a_doc_step_updates_the_anchors_of_the_pages_a_document_links_to(tmp_path: Path, analysed: list[str]) -> None:
+    kb = _linked_kb(tmp_path)
+    analysed.clear()
+    (kb / "guide.md").write_text("# 入门\n\n网关的常见用途：[速率控制](plugins/limit-req.md)。\n", encoding="utf-8")
+    kindex.root(kb)
+
+    assert analysed == ["guide.md"]  # the pages it links to get their anchors again, without being read
+    assert next(i.path for i in kindex.search(kb, "速率控制", min_relevance=0.0)) == "plugins/limit-req.md"
+    assert "plugins/key-auth.md" not in [i.path for i in kindex.search(kb, "鉴权", min_relevance=0.0)]
+    stepped = searchindex.load(kb)
+    (kb / ".kindex" / "search.npz").unlink()
+    searchindex.update(kb, scan(kb))
+    whole = searchindex.load(kb)
+    assert stepped is not None and whole is not None and stepped.docs == whole.docs
+    for name in searchindex.FIELDS:
+        a, b = stepped.fields[name], whole.fields[name]
+        assert (a.hashes == b.hashes).all() and sorted(a.docs) == sorted(b.docs), name
+    assert (stepped.lengths == whole.lengths).all()
