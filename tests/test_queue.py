@@ -296,10 +296,13 @@ def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
     # can bunch grants: the rate is judged over the run and over 3-second windows. On a loaded machine one call's
     # latency can exceed the next one's by more than a grant's 0.2 s (17 in 3 s seen once in CI), so a window may
     # hold two arrivals more than its grants; a per-worker limit (twice the rate) or a burst of 3 would still fail.
-    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    # The same slack for the rate over the run: the first arrivals may come as late as a later grant (5.23/s over
+    # 38 arrivals seen on a machine running a model beside the tests: 0.33 s short of the grants' 7.4 s), so two
+    # intervals are not counted.
+    rate = (len(arrivals) - 3) / (arrivals[-1] - arrivals[0])
     per_window = max(sum(1 for t in arrivals if s <= t < s + 3.0) for s in arrivals)
     print(f"rate {rate:.2f}/s, at most {per_window} requests in 3 s")
-    assert rate <= 5.0 * 1.02, rate  # grants are exactly 0.2 s apart; arrivals jitter by a few ms
+    assert rate <= 5.0 * 1.02, rate  # grants are exactly 0.2 s apart; a per-worker limit would give about 10
     assert per_window <= 3 * 5 + 2
 
 
