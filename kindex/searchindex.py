@@ -216,7 +216,14 @@ class SearchIndex:
             "signature": self.signature,
             "digests": self.digests,
             "vocab": sorted(self.vocab),
-            "docs": [[d.path, d.theme, d.key, d.entry, d.links, d.anchors_key] for d in self.docs],
+            # A document that links nowhere and is linked to by none (most of a generated KB, many of a real one)
+            # is saved without its two empty link fields: 10,000 of them parse measurably faster at a cold load.
+            "docs": [
+                [d.path, d.theme, d.key, d.entry, d.links, d.anchors_key]
+                if d.links or d.anchors_key
+                else [d.path, d.theme, d.key, d.entry]
+                for d in self.docs
+            ],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
             "theme_terms": self.theme_terms,
         }
@@ -340,7 +347,7 @@ def _item(obj: object) -> DocItem:
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
-    path, theme, key, obj, doc_links, anchors_key = row
+    path, theme, key, obj, doc_links, anchors_key = row if len(row) != 4 else (*row, _NONE, "")
     if (
         type(path) is not str
         or type(key) is not str
@@ -350,7 +357,7 @@ def _record(row: Sequence[Any]) -> DocRecord:
         or len(doc_links) > MAX_LINKS_PER_DOC
     ):
         raise InvalidFileError("bad document record")
-    return DocRecord(path, theme, _entry(obj), key, tuple(_link(x) for x in doc_links), anchors_key)
+    return DocRecord(path, theme, _entry(obj), key, tuple(map(_link, doc_links)) if doc_links else (), anchors_key)
 
 
 def _link(obj: object) -> tuple[str, str]:
