@@ -48,7 +48,7 @@ from kindex.generators import (
     root_messages,
 )
 from kindex.llm import LLMClient, LLMSettings, check_model, import_litellm
-from kindex.lock import write_lock
+from kindex.lock import HeldLock, write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
@@ -223,7 +223,7 @@ def _run(
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
     started = time.monotonic()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
-    with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel):
+    with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel) as held:
         themes = list(s.themes) if step == "reindex" else [subject] if subject is not None else []
         for theme in themes:
             refuse_foreign(theme_index_path(s.kb, theme), f"{theme}/{INDEX_FILE}")
@@ -231,7 +231,7 @@ def _run(
             refuse_foreign(root_index_path(s.kb), INDEX_FILE)
         generator = make_generator(opts.llm, opts.client, opts.cancel)
         remove_stale_temporaries(s)
-        runner = _Runner(s, generator, opts, step)
+        runner = _Runner(s, generator, opts, step, held)
         runner.report.skipped = list(s.skipped)
         # The scan's warnings (said by preview only, before), of what the step covers: a theme's for sub and doc.
         within = "" if subject is None else subject + "/"
@@ -337,8 +337,10 @@ def _price(llm: LLMSettings, prompt: int, completion: int) -> float | None:
 
 
 class _Runner:
-    def __init__(self, s: Scan, generator: Generator, opts: Options, step: str) -> None:
+    def __init__(self, s: Scan, generator: Generator, opts: Options, step: str, held: HeldLock) -> None:
         self.scan = s
+        self.held = held
+        """The writer lock: checked before each write, so a step whose lock was deleted under it stops."""
         self.generator = generator
         self.opts = opts
         self.cache = Cache(s.kb)
@@ -372,6 +374,7 @@ class _Runner:
 
     def _write(self, path: Path, index: Index) -> None:
         self._check_cancel()
+        self.held.check()
         if not path.parent.is_dir():  # writing would recreate a folder someone deleted during the run
             raise KBNotFoundError(
                 f"{path.parent.relative_to(self.scan.kb).as_posix() or 'the knowledge folder'} disappeared during "
@@ -558,6 +561,7 @@ class _Runner:
         await body(self)
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
+            self.held.check()
             self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
         if self.scan.stand_ins:
             # Their entries describe them as the scan read them; said here, not only by a later validate.

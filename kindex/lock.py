@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import filelock
 import orjson
@@ -24,12 +27,37 @@ HOLDER_FILE = "write.holder.json"
 _held = threading.local()
 
 
+@dataclass(frozen=True, slots=True)
+class HeldLock:
+    """The writer lock a step holds: what it checks before each write (see :meth:`check`)."""
+
+    path: Path
+    identity: tuple[int, int]
+    """(device, inode) of the lock file the lock was taken on."""
+
+    def check(self) -> None:
+        """Raise :class:`StorageError` when this is no longer the KB's lock: its file was deleted or replaced
+        (``rm -rf KB/.kindex`` during a step), so another writer may be running beside this one, and a write now
+        could undo what that one wrote."""
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if now != self.identity:
+            raise StorageError(
+                f"the writer lock {self.path} was {'deleted' if now is None else 'replaced'} while this step ran, so "
+                "another writer may have run beside it: nothing more was written. Run the step again (and leave "
+                f"{STATE_DIR}/ alone while kindex writes: deleting it is safe only when no step runs)"
+            )
+
+
 CANCEL_POLL_S = 0.2
 """How often a wait for the lock looks at its cancel event."""
 
 
 @contextmanager
-def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Event | None = None) -> Iterator[None]:
+def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Event | None = None) -> Iterator[HeldLock]:
     """Hold the KB's writer lock while the block runs; :class:`BusyError` naming the holder after ``wait`` s,
     :class:`CancelledRun` as soon as ``cancel`` is set while waiting (a watcher told to stop must not wait out
     another writer's step).
@@ -38,18 +66,20 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
     It is re-entrant within a thread: a step that runs other steps (a skill import indexing what it installed)
     keeps the one lock it took.
     """
-    held: dict[Path, int] = _held.__dict__.setdefault("kbs", {})
-    if held.get(kb):
-        held[kb] += 1
+    held: dict[Path, list[Any]] = _held.__dict__.setdefault("kbs", {})
+    if kb in held:
+        held[kb][0] += 1
         try:
-            yield
+            yield held[kb][1]
         finally:
-            held[kb] -= 1
+            held[kb][0] -= 1
         return
     state = kb / STATE_DIR
     try:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if exc.errno in _NOT_WRITABLE:
+            raise StorageError(_not_writable(kb, exc)) from None
         what_is = "a file, not kindex's state folder" if state.is_file() else f"not usable ({exc.strerror or exc})"
         raise StorageError(
             f"{STATE_DIR} in {kb} is {what_is}: remove or rename it (it holds only kindex's caches)"
@@ -73,17 +103,33 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
                     "SECONDS"
                 ) from None
         except OSError as exc:  # a folder, a link loop or a device in place of the lock file
+            if exc.errno in _NOT_WRITABLE:
+                raise StorageError(_not_writable(kb, exc)) from None
             raise StorageError(
                 f"cannot take the writer lock {state / LOCK_FILE}: {exc.strerror or exc}: remove it and run again"
             ) from None
-    held[kb] = 1
     try:
+        st = os.stat(state / LOCK_FILE)
+        mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino))
+        held[kb] = [1, mine]
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()}
         atomic_write(state / HOLDER_FILE, orjson.dumps(holder))
-        yield
+        yield mine
     finally:
         held.pop(kb, None)
         lock.release()
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _not_writable(kb: Path, exc: OSError) -> str:
+    # Not "remove it": a read-only folder cannot be changed, and removing a lock file someone holds is what lets
+    # two writers in (see check_held).
+    return (
+        f"cannot write in {kb / STATE_DIR} ({exc.strerror or exc}): indexing needs write access to the knowledge "
+        "folder (answering questions does not); make it writable, or index a writable copy"
+    )
 
 
 def _holder(state: Path) -> str:

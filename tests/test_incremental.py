@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
+import filelock
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -12,8 +16,10 @@ from click.testing import CliRunner
 import kindex
 from kindex import Options, templating
 from kindex.cli import main
+from kindex.errors import StorageError
+from kindex.store import STATE_DIR
 from tests.conftest import client_options
-from tests.fakeclient import FakeClient
+from tests.fakeclient import Call, FakeClient, well_behaved
 from tests.fakellm import FakeLLM
 
 
@@ -203,3 +209,51 @@ def test_dry_run_lists_the_calls_without_making_them(
 def test_dry_run_prices_a_model_litellm_knows(sample_kb: Path) -> None:
     plan = kindex.dry_run(sample_kb, Options(llm=kindex.LLMSettings(model="gpt-4o-mini")))
     assert plan.estimated_cost is not None and 0 < plan.estimated_cost < 0.1
+
+
+@pytest.mark.parametrize("removed", ["the lock file", "the state folder"])
+def test_a_step_whose_lock_was_deleted_under_it_writes_nothing_more(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options, removed: str
+) -> None:
+    # Deleting the lock file (or `.kindex/`) during a step let a second writer take a new lock at once; the first
+    # step then rewrote the theme index from its own earlier scan and the second writer's entry was lost.
+    kindex.reindex(sample_kb)
+    new = sample_kb / "billing" / "批量导入.md"
+    others: list[BaseException | kindex.RunReport] = []
+
+    def second_writer(call: Call) -> str:
+        if not others:
+            if removed == "the lock file":
+                (sample_kb / STATE_DIR / "write.lock").unlink()
+            else:
+                shutil.rmtree(sample_kb / STATE_DIR)
+            new.write_text("# 批量导入\n\n用表格一次导入多张发票抬头。\n", encoding="utf-8")
+            worker = threading.Thread(target=lambda: others.append(kindex.doc(sample_kb, "billing", new.name)))
+            worker.start()
+            worker.join()
+        return well_behaved(call)
+
+    fake_client.doc = second_writer
+    with pytest.raises(StorageError, match=r"was replaced while this step ran.*nothing more was written"):
+        kindex.sub(sample_kb, "billing", fake_options)
+
+    assert isinstance(others[0], kindex.RunReport) and others[0].written == ("billing/index.json",)
+    billing = orjson.loads((sample_kb / "billing" / "index.json").read_bytes())
+    assert "批量导入.md" in [d["path"] for d in billing["documents"]]
+
+
+def test_a_read_only_kb_is_said_to_be_read_only_not_to_hold_a_lock_to_remove(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kindex.reindex(sample_kb)
+
+    # Root ignores file modes, so the read-only mount is simulated where the lock file is opened.
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", read_only)
+    with pytest.raises(StorageError) as err:
+        kindex.reindex(sample_kb)
+    assert "Read-only file system): indexing needs write access to the knowledge folder" in err.value.message
+    assert "remove" not in err.value.message
+    assert kindex.search(sample_kb, "退款多久到账")  # answering needs no write access
