@@ -257,3 +257,12 @@ def test_a_read_only_kb_is_said_to_be_read_only_not_to_hold_a_lock_to_remove(
     assert "Read-only file system): indexing needs write access to the knowledge folder" in err.value.message
     assert "remove" not in err.value.message
     assert kindex.search(sample_kb, "退款多久到账")  # answering needs no write access
+
+
+def test_a_state_folder_linked_out_of_the_kb_is_refused_not_written_through(sample_kb: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (sample_kb / STATE_DIR).symlink_to(outside)
+    with pytest.raises(StorageError, match=r"\.kindex in .* is a symbolic link: kindex writes nothing outside"):
+        kindex.reindex(sample_kb)
+    assert list(outside.iterdir()) == [] and not (sample_kb / "index.json").exists()
