@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,10 @@ from kindex.store import STATE_DIR
 
 CACHE_FILE = "answers.sqlite"
 LEGACY_CACHE_FILE = "cache.jsonl"
+
+
+_LOW_SPACE = 1 << 20
+"""Free bytes under which a failed cache operation is blamed on a full disk."""
 
 
 class Cache:
@@ -79,7 +84,7 @@ class Cache:
                 db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
                 db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
             except sqlite3.OperationalError as exc:  # unopenable: a folder in .kindex's place, a read-only disk
-                raise StorageError(f"cannot open the answer cache {self.path}: {exc}") from None
+                raise StorageError(f"cannot open the answer cache {self.path}: {exc}{self._space()}") from None
             self._db = db
         return self._db
 
@@ -117,7 +122,15 @@ class Cache:
                     (key, label, orjson.dumps(value)),
                 )
         except sqlite3.OperationalError as exc:  # a full disk, a locked or read-only database: a storage problem
-            raise StorageError(f"could not record a model answer in {self.path}: {exc}") from exc
+            raise StorageError(f"could not record a model answer in {self.path}: {exc}{self._space()}") from exc
+
+    def _space(self) -> str:
+        """A hint when the disk is (nearly) full: SQLite then often says only "disk I/O error"."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            return ""
+        return f" (the disk holding it has {free // 1024} KiB free: it is probably full)" if free < _LOW_SPACE else ""
 
     def close(self) -> None:
         if self._db is not None:

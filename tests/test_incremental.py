@@ -266,3 +266,18 @@ def test_a_state_folder_linked_out_of_the_kb_is_refused_not_written_through(samp
     with pytest.raises(StorageError, match=r"\.kindex in .* is a symbolic link: kindex writes nothing outside"):
         kindex.reindex(sample_kb)
     assert list(outside.iterdir()) == [] and not (sample_kb / "index.json").exists()
+
+
+def test_a_cache_failing_on_a_full_disk_says_the_disk_is_full(
+    sample_kb: Path, fake_options: Options, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a few KiB free SQLite says only "disk I/O error" when it opens the cache.
+    def full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(sqlite3, "connect", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 << 20, 10 << 20, 16 << 10))
+    with pytest.raises(
+        StorageError, match=r"disk I/O error \(the disk holding it has 16 KiB free: it is probably full"
+    ):
+        kindex.reindex(sample_kb, fake_options)
