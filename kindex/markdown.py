@@ -112,7 +112,7 @@ def links(text: str) -> Iterator[tuple[str, str]]:
                 continue
             opening = raw.rfind("[", low, start)
             low = pos = end + 1
-            if opening < 0 or (opening > 0 and raw[opening - 1] == "!"):
+            if opening < 0 or (opening > 0 and raw[opening - 1] in "!\\"):  # an image, or an escaped bracket
                 continue
             label, target = raw[opening + 1 : start].strip(), raw[start + 2 : end].strip()
             if target.startswith("<") and ">" in target:

@@ -30,6 +30,7 @@ import os
 import posixpath
 import stat
 import threading
+import unicodedata
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,6 +60,8 @@ FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "anchors"
 _ANCHORS = FIELDS.index("anchors")
 MAX_LINKS_PER_DOC = 1_000
 """Links kept of one document (in order): a real page links to tens; a generated link farm is bounded."""
+MAX_TARGETS_PER_TEXT = 3
+"""Pages one link text of one page may name and still count (see :func:`_anchors`)."""
 _MAX_TARGET = 2 * MAX_LINK_TARGET
 """A link's target joined to its page's folder: longer than any path a KB holds."""
 MAX_ANCHORS_PER_DOC = 200
@@ -90,9 +93,6 @@ class DocRecord:
     """The entry's JSON form (:meth:`DocItem.to_dict`); type-checked when loaded."""
     key: str
     """Hash of everything its terms came from (entry, headings, body, analyzer version), its anchors aside."""
-    links: tuple[tuple[str, str], ...] = ()
-    """Its links to other pages of the KB, as ``(target, link text)``: the target KB-relative, normalised, not yet
-    matched against the documents (:func:`_link_target`); read from the body its key was made from."""
     anchors_key: str = ""
     """Hash of the link texts its anchors field was analysed from."""
 
@@ -184,6 +184,60 @@ class FieldTable:
         return cls(unique, offsets, docs, tfs)
 
 
+DocLinks = tuple[tuple[str, str], ...]
+"""A document's links to other pages of the KB, as ``(target, link text)``: the target KB-relative, normalised, not
+yet matched against the documents (:func:`_link_target`); read from the body its record's key was made from."""
+
+
+class Links:
+    """Every document's links, in the order of the documents. Only a build reads them: a loaded index keeps the
+    saved bytes and parses them when a build asks (:meth:`get`), so a cold load for a question parses none (a KB
+    of a thousand links a page would otherwise pay for them on every first call)."""
+
+    __slots__ = ("_parsed", "_raw", "_size")
+
+    def __init__(self, parsed: tuple[DocLinks, ...] | None, raw: bytes = b"", size: int = 0) -> None:
+        self._parsed, self._raw, self._size = parsed, raw, size
+
+    @classmethod
+    def saved(cls, raw: bytes, size: int) -> Links:
+        return cls(None, raw, size)
+
+    def get(self) -> tuple[DocLinks, ...]:
+        """The links of each document; :class:`InvalidFileError` when the saved bytes are not what a save wrote."""
+        if self._parsed is None:
+            self._parsed = _parse_links(self._raw, self._size)
+        return self._parsed
+
+    def same(self, other: Links) -> bool:
+        """Whether both hold the same links (``False`` when either cannot be read: it is to be written again)."""
+        try:
+            return self.get() == other.get()
+        except InvalidFileError:
+            return False
+
+    def dump(self) -> bytes:
+        """The saved form: ``{"document index": [[target, text], ...]}`` for the documents that link somewhere."""
+        parsed = self.get()
+        return orjson.dumps({str(i): doc for i, doc in enumerate(parsed) if doc})
+
+
+def _parse_links(raw: bytes, size: int) -> tuple[DocLinks, ...]:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidFileError("bad links") from None
+    if type(obj) is not dict:
+        raise InvalidFileError("bad links")
+    out: list[DocLinks] = [()] * size
+    for at, doc in obj.items():
+        i = int(at) if at.isdigit() else -1
+        if not 0 <= i < size or type(doc) is not list or len(doc) > MAX_LINKS_PER_DOC:
+            raise InvalidFileError("bad links")
+        out[i] = tuple(map(_link, doc))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class SearchIndex:
     """Everything retrieval needs of a KB: documents, themes, vocabulary and the postings of every field."""
@@ -204,6 +258,7 @@ class SearchIndex:
     is built, so a cold load cuts no text: a KB's theme entries run to thousands of characters, past what the
     segmenter's light path takes, and analysing them at load built the full segmenter (0.15 s) in every process
     that answered one question."""
+    links: Links
 
     def postings(self, field: str, term: str) -> tuple[IntArray, FloatArray] | None:
         return self.fields[field].postings(term_hash(term))
@@ -216,18 +271,20 @@ class SearchIndex:
             "signature": self.signature,
             "digests": self.digests,
             "vocab": sorted(self.vocab),
-            # A document that links nowhere and is linked to by none (most of a generated KB, many of a real one)
-            # is saved without its two empty link fields: 10,000 of them parse measurably faster at a cold load.
+            # A document no page links to is saved without its empty anchors key: 10,000 of them parse measurably
+            # faster at a cold load.
             "docs": [
-                [d.path, d.theme, d.key, d.entry, d.links, d.anchors_key]
-                if d.links or d.anchors_key
-                else [d.path, d.theme, d.key, d.entry]
+                [d.path, d.theme, d.key, d.entry, d.anchors_key] if d.anchors_key else [d.path, d.theme, d.key, d.entry]
                 for d in self.docs
             ],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
             "theme_terms": self.theme_terms,
         }
-        arrays: dict[str, Any] = {"meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8), "lengths": self.lengths}
+        arrays: dict[str, Any] = {
+            "meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8),
+            "links": np.frombuffer(self.links.dump(), dtype=np.uint8),
+            "lengths": self.lengths,
+        }
         for name, table in self.fields.items():
             arrays[f"{name}.hashes"] = table.hashes
             arrays[f"{name}.offsets"] = table.offsets
@@ -264,6 +321,10 @@ def load(kb: Path) -> SearchIndex | None:
                     for name in FIELDS
                 }
                 lengths = data["lengths"]
+                raw_links = data["links"]
+                if raw_links.dtype != np.uint8 or raw_links.ndim != 1:
+                    return None
+                links_bytes = raw_links.tobytes()
         docs = tuple(_record(row) for row in meta["docs"])
         themes = tuple(ThemeRecord(str(d), _item(obj)) for d, obj in meta["themes"])
         signature = tuple((str(p), int(m), int(s)) for p, m, s in meta["signature"])
@@ -279,7 +340,9 @@ def load(kb: Path) -> SearchIndex | None:
             return None
     except Exception:  # zip, numpy, JSON and shape errors of every kind: the cache is rebuilt
         return None
-    return SearchIndex(docs, themes, vocab, fields, lengths, signature, digests, theme_terms)
+    return SearchIndex(
+        docs, themes, vocab, fields, lengths, signature, digests, theme_terms, Links.saved(links_bytes, len(docs))
+    )
 
 
 def _finite(a: npt.NDArray[Any]) -> bool:
@@ -347,17 +410,15 @@ def _item(obj: object) -> DocItem:
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
-    path, theme, key, obj, doc_links, anchors_key = row if len(row) != 4 else (*row, _NONE, "")
+    path, theme, key, obj, anchors_key = row if len(row) != 4 else (*row, "")
     if (
         type(path) is not str
         or type(key) is not str
         or type(anchors_key) is not str
         or not (theme is None or type(theme) is str)
-        or type(doc_links) is not list
-        or len(doc_links) > MAX_LINKS_PER_DOC
     ):
         raise InvalidFileError("bad document record")
-    return DocRecord(path, theme, _entry(obj), key, tuple(map(_link, doc_links)) if doc_links else (), anchors_key)
+    return DocRecord(path, theme, _entry(obj), key, anchors_key)
 
 
 def _link(obj: object) -> tuple[str, str]:
@@ -396,7 +457,7 @@ def still_current(kb: Path, index: SearchIndex) -> SearchIndex | None:
     return replace(index, signature=now) if digests == index.digests and "" not in digests else None
 
 
-def _doc_fields(src: Source, vocab: frozenset[str]) -> tuple[dict[str, Counter[str]], tuple[tuple[str, str], ...]]:
+def _doc_fields(src: Source, vocab: frozenset[str]) -> tuple[dict[str, Counter[str]], DocLinks]:
     """Every field's terms but the anchors', and the document's links."""
     item = src.item
     path_words = src.path.removesuffix(".md").replace("/", " ").replace("_", " ").replace("-", " ")
@@ -426,35 +487,44 @@ def _doc_fields(src: Source, vocab: frozenset[str]) -> tuple[dict[str, Counter[s
 def _link_target(source: str, written: str) -> str | None:
     """Where a link of document ``source`` points inside the KB, KB-relative and normalised (``../a/./b.md#x`` →
     ``a/b.md``), or ``None`` for an address elsewhere (a scheme, a page anchor only, a path out of the KB). A target
-    starting with ``/`` is read from the KB's root, as documentation sites serve it."""
+    starting with ``/`` is read from the KB's root, as documentation sites serve it; one ending with ``/`` names a
+    folder, and keeps its ``/`` (``guide/`` is ``guide/index.md``, not ``guide.md``). NFC, as file names compare."""
     target = written.split("#", 1)[0].split("?", 1)[0]
-    if not target or ":" in target or "\\" in target:
+    if not target or ":" in target or "\\" in target or target.startswith("//"):  # "//host/x": another site
         return None
-    target = unquote(target)
+    target = unicodedata.normalize("NFC", unquote(target))
     joined = target.lstrip("/") if target.startswith("/") else posixpath.join(posixpath.dirname(source), target)
     norm = posixpath.normpath(joined) if joined else ""
-    if not norm or norm == "." or norm == ".." or norm.startswith("../") or len(norm) > _MAX_TARGET:
+    if not norm or norm == "." or norm == ".." or norm.startswith("../") or len(norm) >= _MAX_TARGET:
         return None
-    return norm
+    return norm + "/" if target.endswith("/") else norm
 
 
-def _anchors(docs: Sequence[tuple[str, tuple[tuple[str, str], ...]]]) -> dict[str, list[str]]:
+def _anchors(docs: Sequence[tuple[str, DocLinks]]) -> dict[str, list[str]]:
     """Per document path, the texts of the links other documents make to it: each linking page's distinct texts,
     the pages in path order, at most ``MAX_ANCHORS_PER_DOC``. A target is a document's path, or names it without
-    its ``.md`` or as a folder holding it as ``index.md`` or ``README.md`` (how MkDocs and Docusaurus link)."""
-    paths = {path for path, _ in docs}
+    its ``.md`` or as a folder holding it as ``index.md`` or ``README.md`` (how MkDocs and Docusaurus link).
+
+    A text one page gives to more than ``MAX_TARGETS_PER_TEXT`` pages names none of them (``here``, ``文档``, or a
+    farm of links that would give every page the same words) and is left out."""
+    paths = {unicodedata.normalize("NFC", path): path for path, _ in docs}
     out: dict[str, list[str]] = {}
     for path, doc_links in sorted(docs):
-        seen: set[tuple[str, str]] = set()
+        resolved: dict[str, set[str]] = {}  # per text, the pages it links to
         for target, label in doc_links:
-            for candidate in (target, f"{target}.md", f"{target}/index.md", f"{target}/README.md"):
-                if candidate in paths:
-                    if candidate != path and (candidate, label) not in seen:
-                        seen.add((candidate, label))
-                        texts = out.setdefault(candidate, [])
-                        if len(texts) < MAX_ANCHORS_PER_DOC:
-                            texts.append(label)
-                    break
+            base = target.rstrip("/")
+            inside = (f"{base}/index.md", f"{base}/README.md")
+            forms = inside if target.endswith("/") else (base, f"{base}.md", *inside)
+            found = next((paths[c] for c in forms if c in paths), None)
+            if found is not None and found != path:
+                resolved.setdefault(label, set()).add(found)
+        for label, targets in resolved.items():
+            if len(targets) > MAX_TARGETS_PER_TEXT:
+                continue
+            for found in sorted(targets):
+                texts = out.setdefault(found, [])
+                if len(texts) < MAX_ANCHORS_PER_DOC:
+                    texts.append(label)
     return out
 
 
@@ -477,6 +547,12 @@ def build(
     when the analyzer changes or no previous index is given. An unchanged document's names are in ``previous``'s
     vocabulary already: only the changed ones' are looked at, so one edited document costs its own analysis.
     """
+    old_links: tuple[DocLinks, ...] = ()
+    if previous is not None:
+        try:
+            old_links = previous.links.get()
+        except InvalidFileError:  # a damaged saved file: everything is analysed afresh
+            previous = None
     old_docs = previous.docs if previous is not None else ()
     old_at = {d.path: i for i, d in enumerate(old_docs)}
     keys = [_key(src) for src in sources]
@@ -510,12 +586,12 @@ def build(
             row[h] = float(n)
         fresh[name].append((i, row))
 
-    doc_links: list[tuple[tuple[str, str], ...]] = []
+    doc_links: list[DocLinks] = []
     for i, (src, old) in enumerate(zip(sources, kept, strict=True)):
         if old is not None and previous is not None:
             mapping[old] = i
             lengths[i] = previous.lengths[old]
-            doc_links.append(old_docs[old].links)
+            doc_links.append(old_links[old])
             continue
         analysed, found = _doc_fields(src, vocab)
         if not src.read_exactly():
@@ -538,7 +614,7 @@ def build(
             add("anchors", i, Counter(analyze(" \n".join(texts), vocab)))
         else:
             lengths[i, _ANCHORS] = 0.0
-        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), keys[i], doc_links[i], anchors_key))
+        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), keys[i], anchors_key))
     empty = FieldTable.empty()
     fields = {
         f: FieldTable.merge(
@@ -551,7 +627,9 @@ def build(
         known = dict(zip(previous.themes, previous.theme_terms, strict=True))
     theme_terms = tuple(known.get(t) or _theme_terms(t, vocab) for t in themes)
     digests = digests or ("",) * len(signature)
-    return SearchIndex(tuple(records), tuple(themes), vocab, fields, lengths, signature, digests, theme_terms)
+    return SearchIndex(
+        tuple(records), tuple(themes), vocab, fields, lengths, signature, digests, theme_terms, Links(tuple(doc_links))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,6 +765,7 @@ def _update(kb: Path, scan: Scan) -> int:
         and previous.themes == index.themes
         and [(d.path, d.key, d.anchors_key) for d in previous.docs]
         == [(d.path, d.key, d.anchors_key) for d in index.docs]
+        and previous.links.same(index.links)
     ):
         return fresh
     index.save(kb)

@@ -56,10 +56,6 @@ def _rewrite_meta(kb: Path, change: Callable[[dict[str, Any]], object]) -> None:
     _rewrite_npz(kb, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8))
 
 
-def _links(meta: dict[str, Any], links: object, anchors_key: object) -> None:
-    meta["docs"][0][4:] = [links, anchors_key]
-
-
 DAMAGE: dict[str, Callable[[Path], object]] = {
     "truncated": lambda kb: os.truncate(_npz(kb), 1000),
     "empty": lambda kb: _npz(kb).write_bytes(b""),
@@ -76,12 +72,9 @@ DAMAGE: dict[str, Callable[[Path], object]] = {
         kb, lambda m: m.update(theme_terms=[{"退款": "many"}] * len(m["themes"]))
     ),
     "a theme's terms missing": lambda kb: _rewrite_meta(kb, lambda m: m.update(theme_terms=m["theme_terms"][1:])),
-    "a document's links a string": lambda kb: _rewrite_meta(kb, lambda m: _links(m, "a.md", "")),
-    "a link not a pair": lambda kb: _rewrite_meta(kb, lambda m: _links(m, [["a.md", "x", "y"]], "")),
-    "a link's text a paragraph": lambda kb: _rewrite_meta(kb, lambda m: _links(m, [["a.md", "x" * 201]], "")),
-    "links past the bound": lambda kb: _rewrite_meta(kb, lambda m: _links(m, [["a.md", "x"]] * 1001, "")),
-    "an anchors key a number": lambda kb: _rewrite_meta(kb, lambda m: _links(m, [], 7)),
-    "a record of five fields": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].append([])),
+    "an anchors key a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].append(7)),
+    "a record of six fields": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].extend(["", []])),
+    "the links not bytes": lambda kb: _rewrite_npz(kb, links=np.zeros(3, dtype=np.float32)),
     "NaN frequencies": lambda kb: _rewrite_npz(
         kb, **{"body.tfs": np.full(len(np.load(_npz(kb))["body.tfs"]), np.nan, dtype=np.float32)}
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -476,6 +477,7 @@ def test_single_letters_rank_as_weakly_as_single_characters(indexed: Path) -> No
         ("[unclosed](a.md and [b](b.md)", [("b", "b.md")]),
         ("[" + "长" * 201 + "](a.md)", []),  # a bracketed paragraph names no page
         ("[" * 50_000 + "](a.md)", []),  # one forward pass, however many brackets
+        ("\\[x\\](docs/x.md) [y](y.md)", [("y", "y.md")]),  # an escaped bracket opens no link
     ],
 )
 def test_links_are_read_outside_code_and_images(text: str, found: list[tuple[str, str]]) -> None:
@@ -495,10 +497,20 @@ def test_links_are_read_outside_code_and_images(text: str, found: list[tuple[str
         ("a.md", "mailto:x@example.com", None),
         ("a.md", "#section", None),
         ("guide/start.md", "../../outside.md", None),
+        ("a.md", "guide/", "guide/"),  # a folder keeps its slash: guide/index.md, not guide.md
+        ("a.md", "//example.com/x.md", None),  # another site, without its scheme
+        ("a.md", "cafe\u0301.md", "caf\u00e9.md"),  # NFC, as the scan's names
     ],
 )
 def test_link_targets_resolve_inside_the_kb(source: str, written: str, target: str | None) -> None:
     assert searchindex._link_target(source, written) == target
+
+
+def test_a_link_text_is_credited_to_the_page_it_names_and_not_when_it_names_many() -> None:
+    pages = [("guide.md", ()), ("guide/index.md", ()), *((f"p{i}.md", ()) for i in range(5))]
+    linking = (("guide/", "入门"), ("guide", "指南"), *((f"p{i}.md", "文档") for i in range(5)), ("p1.md", "限流"))
+    anchors = searchindex._anchors([("a.md", linking), *pages])
+    assert anchors == {"guide/index.md": ["入门"], "guide.md": ["指南"], "p1.md": ["限流"]}
 
 
 def _linked_kb(tmp_path: Path) -> Path:
@@ -525,8 +537,40 @@ def test_a_page_is_found_by_the_words_other_pages_link_to_it_with(tmp_path: Path
     assert next(i.path for i in kindex.search(kb, "鉴权")) == "plugins/key-auth.md"  # linked without its .md
     saved = searchindex.load(kb)
     assert saved is not None
-    guide = next(d for d in saved.docs if d.path == "guide.md")
-    assert guide.links == (("plugins/limit-req.md", "限流"), ("plugins/key-auth", "鉴权"))
+    guide = [d.path for d in saved.docs].index("guide.md")
+    assert saved.links.get()[guide] == (("plugins/limit-req.md", "限流"), ("plugins/key-auth", "鉴权"))
+
+
+DAMAGED_LINKS = {
+    "a list": b"[1, 2]",
+    "a document's links a string": b'{"0": "a.md"}',
+    "a link not a pair": b'{"0": [["a.md", "x", "y"]]}',
+    "a link's text a paragraph": b'{"0": [["a.md", "' + b"x" * 201 + b'"]]}',
+    "links past the bound": b'{"0": [' + b'["a.md", "x"], ' * 1000 + b'["a.md", "x"]]}',
+    "a document that is not there": b'{"99": []}',
+    "not JSON": b"not json",
+}
+
+
+@pytest.mark.parametrize("links", DAMAGED_LINKS.values(), ids=DAMAGED_LINKS.keys())
+def test_damaged_saved_links_mean_a_build_from_scratch_never_wrong_anchors(tmp_path: Path, links: bytes) -> None:
+    # Only a build reads the links: a question is answered from the other tables as they are; the next step
+    # analyses every document again instead of trusting a link list it cannot read.
+    kb = _linked_kb(tmp_path)
+    whole = searchindex.load(kb)
+    path = kb / ".kindex" / "search.npz"
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["links"] = np.frombuffer(links, dtype=np.uint8)
+    np.savez(path, **arrays)
+    clear_cache()
+    assert next(i.path for i in kindex.search(kb, "限流")) == "plugins/limit-req.md"
+
+    searchindex.update(kb, scan(kb))  # nothing changed on disk, but the links cannot be reused
+
+    rebuilt = searchindex.load(kb)
+    assert rebuilt is not None and whole is not None and rebuilt.links.get() == whole.links.get()
+    assert (rebuilt.lengths == whole.lengths).all()
 
 
 def test_a_doc_step_updates_the_anchors_of_the_pages_a_document_links_to(tmp_path: Path, analysed: list[str]) -> None:
