@@ -47,7 +47,8 @@ from kindex.generators import (
     make_generator,
     root_messages,
 )
-from kindex.llm import LLMClient, LLMSettings, check_model, import_litellm
+from kindex.jsonextract import TRUNCATED
+from kindex.llm import TIMED_OUT, LLMClient, LLMSettings, check_model, import_litellm
 from kindex.lock import HeldLock, write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
@@ -254,6 +255,20 @@ def _run(
     return runner.report.report(time.monotonic() - started)
 
 
+def _advice(reason: str, opts: Options) -> str:
+    """What to change when a document failed this way, said once per run (running it again as it is pays for the
+    same failure again)."""
+    if TIMED_OUT in reason and opts.concurrency > 2:
+        return (
+            f"calls ran out of time with {opts.concurrency} at once: a local server answers only as many at a time as "
+            "it has slots (llama.cpp -np, vLLM --max-num-seqs) and the rest wait out their deadline; set --concurrency "
+            "to its slots, or raise --timeout"
+        )
+    if TRUNCATED in reason:
+        return "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again"
+    return ""
+
+
 def _run_to_end(coroutine: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a step's coroutine to its end from synchronous code, also when this thread already runs an event loop
     (a notebook, an async chat backend calling the sync API): then on a thread of its own, which this one waits for.
@@ -418,6 +433,9 @@ class _Runner:
                         "could not connect); the answers so far are cached: run again when it is back"
                     ) from None
                 self.report.failures.append(Failure(path=label, reason=exc.message, transient=exc.transient))
+                advice = _advice(exc.message, self.opts)
+                if advice and advice not in self.report.notes:
+                    self.report.notes.append(advice)
                 return None
             except BaseException:
                 self._fatal = True

@@ -11,6 +11,9 @@ import orjson
 
 from kindex.errors import AnswerError
 
+TRUNCATED = "the answer's JSON object is not closed (truncated output?)"
+"""Said of an answer cut off by the token limit (generation adds advice to a run's failures that say it)."""
+
 # A summary answer is a few hundred characters; anything far longer is runaway generation, not an entry.
 MAX_ANSWER_CHARS = 200_000
 MAX_CANDIDATES = 1_000
@@ -70,7 +73,7 @@ def extract_object(text: str) -> dict[str, Any]:
     if found is not None:
         return found
     if unclosed:
-        raise AnswerError("the answer's JSON object is not closed (truncated output?)")
+        raise AnswerError(TRUNCATED)
     raise AnswerError("the answer holds braces but no valid JSON object")
 
 

@@ -390,8 +390,11 @@ def _connection_failure(exc: BaseException) -> str | None:
     return "refused" if not chained and "Connection error" in str(exc) else None
 
 
+TIMED_OUT = "no complete answer within the call's deadline (--timeout)"  # generation's advice looks for it
+
+
 def _short(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) and not str(exc):
-        return "no complete answer within the call's deadline (--timeout)"
+        return TIMED_OUT
     text = " ".join(str(exc).split())
     return text[:300] + ("…" if len(text) > 300 else "")

@@ -17,9 +17,10 @@ import kindex
 from kindex import Options, templating
 from kindex.cli import main
 from kindex.errors import StorageError
+from kindex.llm import TIMED_OUT
 from kindex.store import STATE_DIR
 from tests.conftest import client_options
-from tests.fakeclient import Call, FakeClient, well_behaved
+from tests.fakeclient import Call, FakeClient, call_error, well_behaved
 from tests.fakellm import FakeLLM
 
 
@@ -281,3 +282,20 @@ def test_a_cache_failing_on_a_full_disk_says_the_disk_is_full(
         StorageError, match=r"disk I/O error \(the disk holding it has 16 KiB free: it is probably full"
     ):
         kindex.reindex(sample_kb, fake_options)
+
+
+def test_failures_that_a_setting_would_fix_name_the_setting(sample_kb: Path, fake_client: FakeClient) -> None:
+    # A local server with two slots and the default eight calls at once: every call waited out its deadline, and
+    # "run the command again" paid for the same timeouts again. A cut-off answer needs a larger token limit.
+    fake_client.by_path = {
+        "退款政策.md": call_error(f"TimeoutError after 5 attempts: {TIMED_OUT}", 4),
+        "自动续费.md": '{"title": "自动续费", "summary": "cut',
+    }
+    report = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=8))
+    assert len(report.failures) == 2
+    assert any("set --concurrency to its slots, or raise --timeout" in n for n in report.notes)
+    assert "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again" in (
+        report.notes
+    )
+    quiet = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=2))
+    assert not any("--concurrency" in n for n in quiet.notes)  # at two at once, the server is not the cause
