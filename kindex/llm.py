@@ -2,6 +2,9 @@
 
 litellm is imported only when a model is actually called: importing it costs seconds and hundreds of MB, and it
 would fetch a price list from the internet unless told to use its bundled copy.
+
+Long because the adapter's retries, deadlines and the sorting of its errors (unreachable, transient, fatal) share
+one call path.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import random
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -117,6 +121,9 @@ def import_litellm() -> Any:
         logger.addFilter(_not_logging_worker)
     litellm.suppress_debug_info = True
     litellm.drop_params = True
+    # A run that stops early (a fatal error, Ctrl-C) drops litellm's calls not yet started; litellm made their
+    # coroutine on an executor thread, and Python then printed its internals on stderr beside kindex's message.
+    warnings.filterwarnings("ignore", r"coroutine '.*acompletion' was never awaited", RuntimeWarning)
     return litellm
 
 

@@ -263,3 +263,23 @@ def test_a_refused_connection_reported_only_in_the_message_is_no_connection_not_
     exc = InternalServerError("litellm.InternalServerError: InternalServerError: OpenAIException - Connection error.")
     assert llm._kind(exc) == "no connection"
     assert llm._kind(InternalServerError("upstream failed")) == "InternalServerError (HTTP 500)"
+
+
+def test_a_dropped_litellm_call_prints_no_python_warning() -> None:
+    # A run stopped early drops litellm's calls not yet started; their coroutine, made on an executor thread, was
+    # reported on stderr as "coroutine 'OpenAIChatCompletion.acompletion' was never awaited".
+    import gc
+    import warnings
+
+    from kindex.llm import import_litellm
+
+    import_litellm()
+
+    class OpenAIChatCompletion:
+        async def acompletion(self) -> None:
+            return None
+
+    with warnings.catch_warnings(record=True) as seen:
+        OpenAIChatCompletion().acompletion()  # type: ignore[unused-coroutine]
+        gc.collect()
+    assert not [w for w in seen if "was never awaited" in str(w.message)]
