@@ -285,3 +285,19 @@ def test_search_says_why_a_named_document_comes_first(sample_kb: Path) -> None:
     code, out, _ = run("search", str(sample_kb), "billing/退款政策.md 讲了什么")
     assert code == 0 and out.splitlines()[0].split()[1] == "billing/退款政策.md"
     assert "(path in the message" in out.splitlines()[1]
+
+
+def test_a_run_logged_to_a_file_says_its_progress_now_and_then(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A model run lasts minutes; piped to a log (no terminal, so no bar) it said nothing until it ended.
+    import kindex.cli.index
+
+    quick = CliRunner().invoke(main, ["reindex", str(sample_kb)])
+    assert quick.exit_code == 0 and "kindex: progress:" not in quick.stderr  # a short run: no line
+    monkeypatch.setattr(kindex.cli.index, "LOG_PROGRESS_EVERY_S", 0.0)
+    logged = CliRunner().invoke(main, ["reindex", str(sample_kb), "--force"])
+    assert logged.exit_code == 0
+    lines = [line for line in logged.stderr.splitlines() if line.startswith("kindex: progress: ")]
+    assert len(lines) == 19 and lines[-1].startswith("kindex: progress: 19/19 steps (")
+    assert "kindex: progress: 2/19 steps (account/双重验证.md)" in lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -92,10 +93,26 @@ def _announce(llm: LLMSettings) -> None:
         )
 
 
+LOG_PROGRESS_EVERY_S = 30.0
+"""When stderr is not a terminal (a log, a pipe, CI), a plain progress line at most this often."""
+
+
 @contextmanager
 def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None] | None]:
     if not enabled:
         yield None
+        return
+    if not sys.stderr.isatty():
+        # No bar in a log (it would fill with \r frames), but a model run lasts minutes: a line now and then.
+        said = time.monotonic()
+
+        def log(p: generate.Progress) -> None:
+            nonlocal said
+            if time.monotonic() - said >= LOG_PROGRESS_EVERY_S:
+                said = time.monotonic()
+                click.echo(f"kindex: progress: {p.completed}/{p.total} steps ({p.item})", err=True)
+
+        yield log
         return
     from tqdm import tqdm
 
@@ -104,8 +121,7 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None]
     def update(p: generate.Progress) -> None:
         nonlocal bar
         if bar is None:
-            # disable=None: no bar when stderr is not a terminal (a log file would fill with \r frames).
-            bar = tqdm(total=p.total, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
+            bar = tqdm(total=p.total, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False)
         bar.total = p.total
         bar.set_postfix_str(p.item[-40:], refresh=False)
         bar.update(p.completed - bar.n)
