@@ -140,7 +140,9 @@ def test_sigkill_at_any_point_leaves_valid_files_and_the_rerun_pays_only_the_res
     assert list(sample_kb.rglob("*.tmp")) == []  # what the kill left half-written was cleaned up
 
 
-def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM, stop: signal.Signals) -> None:
+    # SIGTERM is what `timeout`, a CI job's end or systemd send: it ended the run without a word (exit 143).
     fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=0.3)
     run = subprocess.Popen(
         kindex_cmd("reindex", str(sample_kb), "--concurrency", "2"),
@@ -150,7 +152,7 @@ def test_ctrl_c_stops_cleanly_with_a_summary(sample_kb: Path, fake_llm: FakeLLM)
         text=True,
     )
     fake_llm.wait_for_requests(4)
-    run.send_signal(signal.SIGINT)
+    run.send_signal(stop)
     _, err = run.communicate(timeout=60)
 
     assert run.returncode == 130

@@ -14,7 +14,7 @@ import click
 import orjson
 
 from kindex import generate
-from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg
+from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg, sigterm_as_ctrl_c
 from kindex.config import RESPONSE_FORMATS
 from kindex.globs import normalize_path
 from kindex.kb import Settings
@@ -166,7 +166,7 @@ def _emit(report: RunReport, as_json: bool) -> None:
 def _step(kb: str, kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
     as_json = kw.pop("as_json")
     kb_folder(kb)  # a wrong path is reported before the generator is announced
-    with _progress_bar(True) as bar:
+    with _progress_bar(True) as bar, sigterm_as_ctrl_c():
         opts = options_from(kb, kw, bar)
         _announce(opts.llm)
         report = call(opts)

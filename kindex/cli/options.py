@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -29,3 +32,18 @@ def json_opt(f: F) -> F:
 
 def print_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``timeout``, the end of a CI job, systemd, ``docker stop``) stops the block as Ctrl-C does: cleanly,
+    with its summary, instead of ending the process without a word."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(sig: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
-from types import FrameType
 from typing import Any
 
 import click
 import orjson
 
 from kindex.cli.index import model_opts, options_from
-from kindex.cli.options import kb_arg
+from kindex.cli.options import kb_arg, sigterm_as_ctrl_c
 from kindex.errors import InterruptedRun
 from kindex.kb import KnowledgeBase, Settings
 from kindex.scan import kb_folder
@@ -63,18 +61,12 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
         reconcile=True,  # the reindex it starts with, after the watch is set: no change is missed, failures retried
     )
     # SIGTERM (systemd, `docker stop`) stops it as Ctrl-C does: between steps, said, exit 0; not killed mid-write.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        watcher.run()
+        with sigterm_as_ctrl_c():
+            watcher.run()
     except (KeyboardInterrupt, InterruptedRun):  # Ctrl-C between steps, or inside one (its answers are cached)
         stop.set()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     click.echo("kindex: stopped watching; every index file is complete", err=True)
-
-
-def _interrupt(sig: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _emit(update: Update, as_json: bool, stopping: bool) -> None:
