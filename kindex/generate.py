@@ -420,10 +420,13 @@ class _Runner:
                     # Nothing has answered yet: a wrong --api-base or a server that is down, not one document's
                     # bad luck. Stopping here says so at once, instead of every document failing the same way.
                     self._fatal = True
-                    raise ModelError(
-                        f"{exc.message}: no call of this run has reached the model; check --api-base "
-                        "(KINDEX_API_BASE) and that the server is running"
-                    ) from None
+                    check = (
+                        "check --api-base (KINDEX_API_BASE) and that the server is running"
+                        if self.opts.llm.api_base
+                        else "check this machine's network connection to the provider (or --api-base for a local or "
+                        "proxy server)"
+                    )
+                    raise ModelError(f"{exc.message}: no call of this run has reached the model; {check}") from None
                 if self._unreachable_in_a_row >= 2 * max(self.opts.concurrency, 2):
                     # Every call in flight when the server went away, and as many started after, found nobody:
                     # the rest would only fail the same way, each after its retries.

@@ -283,3 +283,15 @@ def test_a_dropped_litellm_call_prints_no_python_warning() -> None:
         OpenAIChatCompletion().acompletion()  # type: ignore[unused-coroutine]
         gc.collect()
     assert not [w for w in seen if "was never awaited" in str(w.message)]
+
+
+def test_a_provider_that_cannot_be_reached_is_not_blamed_on_an_api_base_never_given(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No network to the provider said "check --api-base" to a user who had given none.
+    from tests.fakeclient import FakeClient, call_error
+
+    client = FakeClient(root=call_error("cannot connect to api.openai.com", 4, unreachable=True))
+    client.doc = client.root
+    with pytest.raises(ModelError, match="no call of this run has reached the model; check this machine's network"):
+        kindex.reindex(sample_kb, Options(llm=kindex.LLMSettings(model="openai/gpt-4o-mini"), client=client))
