@@ -301,3 +301,14 @@ def test_a_run_logged_to_a_file_says_its_progress_now_and_then(
     lines = [line for line in logged.stderr.splitlines() if line.startswith("kindex: progress: ")]
     assert len(lines) == 19 and lines[-1].startswith("kindex: progress: 19/19 steps (")
     assert "kindex: progress: 2/19 steps (account/双重验证.md)" in lines
+
+
+def test_the_cli_runs_off_the_main_thread(sample_kb: Path) -> None:
+    # SIGTERM is handled on the main thread only: a program that runs the CLI on a worker thread must still work.
+    import threading
+
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(CliRunner().invoke(main, ["reindex", str(sample_kb)])))
+    worker.start()
+    worker.join()
+    assert results[0].exit_code == 0, results[0].output

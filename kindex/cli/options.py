@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -37,7 +38,11 @@ def print_json(obj: Any) -> None:
 @contextmanager
 def sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM (``timeout``, the end of a CI job, systemd, ``docker stop``) stops the block as Ctrl-C does: cleanly,
-    with its summary, instead of ending the process without a word."""
+    with its summary, instead of ending the process without a word. Off the main thread (the CLI embedded in a
+    program), where Python takes no signal handler, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
