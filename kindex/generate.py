@@ -262,7 +262,7 @@ def _advice(reason: str, opts: Options) -> str:
         return (
             f"calls ran out of time with {opts.concurrency} at once: a local server answers only as many at a time as "
             "it has slots (llama.cpp -np, vLLM --max-num-seqs) and the rest wait out their deadline; set --concurrency "
-            "to its slots, or raise --timeout"
+            "(KINDEX_CONCURRENCY) to its slots, or raise --timeout (KINDEX_TIMEOUT)"
         )
     if TRUNCATED in reason:
         return "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again"

@@ -293,7 +293,7 @@ def test_failures_that_a_setting_would_fix_name_the_setting(sample_kb: Path, fak
     }
     report = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=8))
     assert len(report.failures) == 2
-    assert any("set --concurrency to its slots, or raise --timeout" in n for n in report.notes)
+    assert any("set --concurrency (KINDEX_CONCURRENCY) to its slots, or raise --timeout" in n for n in report.notes)
     assert "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again" in (
         report.notes
     )
