@@ -108,6 +108,10 @@ class Cache:
     def get(self, key: str) -> dict[str, Any] | None:
         return self._entries.get(key)
 
+    def __len__(self) -> int:
+        """How many answers are kept (only model answers are: the offline generator's cost nothing)."""
+        return len(self._entries)
+
     def put(self, key: str, value: Mapping[str, Any], label: str = "") -> None:
         """Record an answer and commit it at once; older answers with the same non-empty ``label`` are dropped."""
         self._entries[key] = dict(value)

@@ -580,6 +580,12 @@ class _Runner:
         that document's work).
         """
         await body(self)
+        if self.generator.offline and self.report.written and len(self.cache):
+            self.report.notes.append(
+                f"this KB holds {len(self.cache)} cached model answers, and this offline run wrote extractive entries "
+                "in their place: run the step with the model again (--model, KINDEX_MODEL or [model] in kindex.toml) "
+                "to bring them back, with no new model call for unchanged documents"
+            )
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.held.check()

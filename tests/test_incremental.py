@@ -299,3 +299,18 @@ def test_failures_that_a_setting_would_fix_name_the_setting(sample_kb: Path, fak
     )
     quiet = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=2))
     assert not any("--concurrency" in n for n in quiet.notes)  # at two at once, the server is not the cause
+
+
+def test_an_offline_run_over_model_entries_says_so(
+    sample_kb: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    # A newcomer's plain `kindex reindex KB` (no model configured) after a model run replaced every model-written
+    # entry with an extractive one, without a word.
+    first = kindex.reindex(sample_kb)
+    assert not [n for n in first.notes if "cached model answers" in n]
+    kindex.reindex(sample_kb, fake_options)
+    offline = kindex.reindex(sample_kb)
+    assert offline.written and any(n.startswith("this KB holds 19 cached model answers") for n in offline.notes)
+    fake_client.calls.clear()
+    back = kindex.reindex(sample_kb, fake_options)
+    assert fake_client.calls == [] and back.written  # the model's entries again, at no cost
