@@ -258,12 +258,16 @@ def _run(
 def _advice(reason: str, opts: Options) -> str:
     """What to change when a document failed this way, said once per run (running it again as it is pays for the
     same failure again)."""
-    if TIMED_OUT in reason and opts.concurrency > 2:
-        return (
-            f"calls ran out of time with {opts.concurrency} at once: a local server answers only as many at a time as "
-            "it has slots (llama.cpp -np, vLLM --max-num-seqs) and the rest wait out their deadline; set --concurrency "
-            "(KINDEX_CONCURRENCY) to its slots, or raise --timeout (KINDEX_TIMEOUT)"
+    if TIMED_OUT in reason:
+        # Only a server of one's own has "slots"; a provider's API takes many calls at once.
+        slots = (
+            f"; with {opts.concurrency} calls at once, a local server answers only as many at a time as it has slots "
+            "(llama.cpp -np, vLLM --max-num-seqs) and the rest wait out their deadline: set --concurrency "
+            "(KINDEX_CONCURRENCY) to its slots"
+            if opts.llm.api_base and opts.concurrency > 2
+            else ""
         )
+        return f"calls ran out of time: raise --timeout (KINDEX_TIMEOUT){slots}"
     if TRUNCATED in reason:
         return "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again"
     return ""
@@ -598,6 +602,7 @@ class _Runner:
                 f"changed while the step ran: {shown}: indexed as they were when it started; the next step (or "
                 "the watcher) indexes them as they are now"
             )
+        self.held.check()
         self.scan.remember(self.indexed.__contains__)
 
     async def reindex(self) -> None:

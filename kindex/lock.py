@@ -77,8 +77,9 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
     state = kb / STATE_DIR
     if state.is_symlink():  # writing through it would put the caches, excerpts and tables outside the KB
         raise StorageError(
-            f"{STATE_DIR} in {kb} is a symbolic link: kindex writes nothing outside the knowledge folder; replace it "
-            "with a folder (it holds only kindex's caches)"
+            f"{STATE_DIR} in {kb} is a symbolic link: kindex writes its state only into a folder of that name, never "
+            "through a link (which could lead out of the knowledge folder); replace it with a folder (it holds only "
+            "kindex's caches)"
         )
     try:
         state.mkdir(parents=True, exist_ok=True)

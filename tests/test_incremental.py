@@ -264,7 +264,7 @@ def test_a_state_folder_linked_out_of_the_kb_is_refused_not_written_through(samp
     outside = tmp_path / "outside"
     outside.mkdir()
     (sample_kb / STATE_DIR).symlink_to(outside)
-    with pytest.raises(StorageError, match=r"\.kindex in .* is a symbolic link: kindex writes nothing outside"):
+    with pytest.raises(StorageError, match=r"\.kindex in .* is a symbolic link: kindex writes its state only into"):
         kindex.reindex(sample_kb)
     assert list(outside.iterdir()) == [] and not (sample_kb / "index.json").exists()
 
@@ -291,14 +291,20 @@ def test_failures_that_a_setting_would_fix_name_the_setting(sample_kb: Path, fak
         "退款政策.md": call_error(f"TimeoutError after 5 attempts: {TIMED_OUT}", 4),
         "自动续费.md": '{"title": "自动续费", "summary": "cut',
     }
-    report = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=8))
+    local = kindex.LLMSettings(model="fake-model", api_base="http://127.0.0.1:8014/v1")
+    report = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=8, llm=local))
     assert len(report.failures) == 2
-    assert any("set --concurrency (KINDEX_CONCURRENCY) to its slots, or raise --timeout" in n for n in report.notes)
+    assert any(
+        n.startswith("calls ran out of time: raise --timeout (KINDEX_TIMEOUT); with 8 calls at once")
+        for n in report.notes
+    )
     assert "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again" in (
         report.notes
     )
-    quiet = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=2))
-    assert not any("--concurrency" in n for n in quiet.notes)  # at two at once, the server is not the cause
+    quiet = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=2, llm=local))
+    assert "calls ran out of time: raise --timeout (KINDEX_TIMEOUT)" in quiet.notes  # two at once: not the slots
+    cloud = kindex.sub(sample_kb, "billing", client_options(fake_client, concurrency=8))
+    assert "calls ran out of time: raise --timeout (KINDEX_TIMEOUT)" in cloud.notes  # a provider has no slots
 
 
 def test_an_offline_run_over_model_entries_says_so(

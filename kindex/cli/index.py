@@ -102,6 +102,9 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[generate.Progress], None]
     if not enabled:
         yield None
         return
+    if sys.stderr is None:  # started with stderr closed (2>&-): nowhere to say it
+        yield None
+        return
     if not sys.stderr.isatty():
         # No bar in a log (it would fill with \r frames), but a model run lasts minutes: a line now and then.
         said = time.monotonic()

@@ -51,4 +51,10 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
 
 
 def _interrupt(sig: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    # Sent on as SIGINT, so that whatever handles Ctrl-C at that moment handles it: inside a step, asyncio cancels
+    # its task at an await (a KeyboardInterrupt raised here would land in the middle of a task's code, and asyncio
+    # then printed "Task exception was never retrieved" tracebacks). Where SIGINT is ignored (a background job of a
+    # shell script), it is raised here.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGINT)
