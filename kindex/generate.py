@@ -57,6 +57,7 @@ from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
 from kindex.store import (
     STATE_DIR,
     index_bytes,
+    note_stand_ins,
     read_index,
     refuse_foreign,
     refuse_theme_folder,
@@ -402,6 +403,12 @@ class _Runner:
         if write_index(path, index):
             self.report.written.append(path.relative_to(self.scan.kb).as_posix())
 
+    def _settle(self, settled: Callable[[str], bool]) -> None:
+        """After an index file was written: the record of its stand-in entries (:func:`note_stand_ins`), which
+        ``validate`` reports. ``settled``: the labels (document paths, ``index.json``) that file's entries are for."""
+        failed = {f.path: f.reason for f in self.report.failures if settled(f.path)}
+        note_stand_ins(self.scan.kb, settled, failed)
+
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
         self.live_keys.add(key)
@@ -485,6 +492,8 @@ class _Runner:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)
             index = Index(themes=themes, documents=index.documents).sorted()
         self._write(root_index_path(s.kb), index)
+        # The root's own entries, and documents of themes that are gone.
+        self._settle(lambda label: "/" not in label or label.split("/", 1)[0] not in s.themes)
         self._drop_gone_themes(previous)
         self._tick("root", "index.json")
 
@@ -546,6 +555,7 @@ class _Runner:
         previous = read_index(path) or Index()
         items = await _all(self._doc_entry(d, previous) for d in docs)
         self._write(path, theme_index(items))
+        self._settle(lambda label: label.startswith(f"{dir_name}/"))
 
     async def one_doc(self, dir_name: str, rel_path: str, clear_dir: bool) -> None:
         d = self.scan.theme_doc(dir_name, rel_path)
@@ -569,6 +579,7 @@ class _Runner:
         scanned = {x.path_in_theme for x in self.scan.theme_docs(dir_name)}
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))
+        self._settle(lambda label: label.startswith(f"{dir_name}/") if clear_dir else label == d.rel)
         dropped = len([x for x in held.documents if x.path != item.path]) if clear_dir and held is not None else 0
         if dropped:
             self.report.notes.append(

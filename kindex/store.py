@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import orjson
@@ -24,6 +25,10 @@ STATE_DIR = ".kindex"
 _MAX_PARENT_INDEX_BYTES = 16 * 2**20
 """A root index larger than this is no KB's (10,000 root documents' entries take about 3 MB): not parsed to tell
 whether a folder below is one of its themes."""
+STAND_INS_FILE = "stand_ins.json"
+_STAND_INS_FORMAT = 1
+_MAX_STAND_INS_BYTES = 16 * 2**20
+_MAX_REASON_CHARS = 300
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
@@ -230,3 +235,39 @@ def write_index(path: Path, index: Index) -> bool:
         pass  # none, or nothing kindex wrote (a FIFO, a device): replaced
     atomic_write(path, data)
     return True
+
+
+def read_stand_ins(kb: Path) -> dict[str, str]:
+    """The entries steps wrote as stand-ins because their model call failed, each with the call's error: by
+    document (its path in the KB), and ``index.json`` for the root index's own call (its theme and root-document
+    entries). What ``validate`` reports until a step writes them from an answer. Empty when there is none, and when
+    ``.kindex/stand_ins.json`` is missing or damaged: it is bookkeeping, and losing it loses only that report."""
+    try:
+        data = read_regular(kb / STATE_DIR / STAND_INS_FILE, _MAX_STAND_INS_BYTES)
+        obj = orjson.loads(data) if len(data) <= _MAX_STAND_INS_BYTES else None
+    except (OSError, ValueError, KindexError):
+        return {}
+    entries = obj.get("entries") if type(obj) is dict and obj.get("format") == _STAND_INS_FORMAT else None
+    if type(entries) is not dict:
+        return {}
+    return {label: reason for label, reason in entries.items() if type(reason) is str}
+
+
+def note_stand_ins(kb: Path, settled: Callable[[str], bool], failed: Mapping[str, str]) -> None:
+    """Bring ``.kindex/stand_ins.json`` up to date after a step wrote an index file: every label that file's
+    entries stand for (``settled``: a theme's documents, one document, the root) is forgotten, then those whose
+    call failed this time (``failed``: label → error) are remembered. Best effort, like the scan's memory: a KB
+    kindex cannot write to keeps its index, without this report."""
+    old = read_stand_ins(kb)
+    new = {label: reason for label, reason in old.items() if not settled(label)}
+    new.update((label, reason[:_MAX_REASON_CHARS]) for label, reason in failed.items())
+    if new == old:
+        return
+    path = kb / STATE_DIR / STAND_INS_FILE
+    with contextlib.suppress(KindexError, OSError):
+        if new:
+            data = {"format": _STAND_INS_FORMAT, "entries": dict(sorted(new.items()))}
+            # The errors may quote a model's answer, which may quote a document: its owner's only, as the cache is.
+            atomic_write(path, orjson.dumps(data, option=orjson.OPT_INDENT_2), mode=0o600)
+        else:
+            path.unlink()

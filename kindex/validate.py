@@ -3,7 +3,8 @@
 The contract's form and bounds are the schema of :class:`kindex.records.Index`: a file is reported exactly where
 that schema rejects it (the same schema the HTTP service publishes). On top, validate checks what no schema of one
 file can: that the entries match the scanned folder, once each, in the contract's order, and (as far as the scan
-memory tells) that no document changed since the step that wrote its entry read it.
+memory tells) that no document changed since the step that wrote its entry read it, and (as ``.kindex/stand_ins.json``
+tells) which entries are stand-ins a failed model call left.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import orjson
 from kindex.errors import KindexError
 from kindex.records import INDEX_FILE, schema_errors
 from kindex.scan import scan
-from kindex.store import index_bytes, refuse_theme_folder, root_index_path, theme_index_path
+from kindex.store import index_bytes, read_stand_ins, refuse_theme_folder, root_index_path, theme_index_path
+
+_ACCEPT = " (with `--model ''` an extractive entry is written and accepted)"
 
 
 def validate(kb: str | os.PathLike[str]) -> list[str]:
     """Every way the KB's index files break the contract or miss the folder's documents as they are now (one
-    changed since its entry was written, when ``.kindex/scan.json`` can tell), as readable sentences; empty when
-    all is well."""
+    changed since its entry was written, when ``.kindex/scan.json`` can tell; one whose model call failed and
+    left a stand-in entry), as readable sentences; empty when all is well."""
     s = scan(kb)
     refuse_theme_folder(s.kb, reading=True)
     problems: list[str] = []
@@ -54,10 +57,21 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         problems += _entries(index, label, "documents", "path")
         problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {shlex.quote(name)}")
     changed = set(s.changed())
+    stand_ins = read_stand_ins(s.kb)
+    if root is not None and INDEX_FILE in stand_ins:
+        problems.append(
+            f"{INDEX_FILE}: its theme and root-document entries are stand-ins (previous or extractive ones): its "
+            f"model call failed ({stand_ins[INDEX_FILE]}); run `kindex root KB` to try again{_ACCEPT}"
+        )
     for d in s.documents:
+        fix = "kindex root KB" if d.theme is None else f"kindex doc KB {shlex.quote(d.rel)}"
         if d.rel in changed:
-            fix = "kindex root KB" if d.theme is None else f"kindex doc KB {shlex.quote(d.rel)}"
             problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex KB`)")
+        elif d.theme is not None and d.rel in stand_ins:
+            problems.append(
+                f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "
+                f"({stand_ins[d.rel]}); run `{fix}` to try again{_ACCEPT}"
+            )
     return problems
 
 

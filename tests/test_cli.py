@@ -176,7 +176,9 @@ def test_a_failed_document_gives_exit_3_and_names_it(sample_kb: Path, fake_llm: 
     assert "failed: sync/离线模式.md: unusable answer after a repair request" in out
     assert f"kindex: generator: model openai/fake at {fake_llm.url}" in err
     assert "1 item(s) failed" in err
-    assert run("validate", str(sample_kb))[0] == 0
+    code, out, err = run("validate", str(sample_kb))
+    assert code == 1 and out.startswith("sync/离线模式.md: its entry is a stand-in")
+    assert "unusable answer after a repair request" in out and "kindex: 1 problem(s) found" in err
 
 
 @pytest.mark.slow  # fresh interpreters, to see what they import

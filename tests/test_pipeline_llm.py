@@ -186,7 +186,8 @@ def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(sampl
         "content": "I'm sorry, I can't produce JSON for this {broken",
     }
     assert report.calls == 20
-    assert kindex.validate(sample_kb) == []
+    [problem] = kindex.validate(sample_kb)
+    assert problem.startswith(f"developer/{bad}: its entry is a stand-in") and "after a repair request" in problem
     entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == bad)
     assert entry["title"] == "Rate limits"  # extractive stand-in, so it stays navigable
 
@@ -198,6 +199,7 @@ def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(sampl
     assert client.labels() == [bad]
     entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == bad)
     assert entry["title"] == f"标题 {bad}"
+    assert kindex.validate(sample_kb) == []
 
 
 def test_a_repair_request_that_gets_a_good_answer_is_used(sample_kb: Path) -> None:
@@ -236,7 +238,8 @@ def test_a_call_error_fails_its_document_and_counts_its_retries(sample_kb: Path)
     assert (report.calls, report.retries) == (19, 2)
     entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
     assert entry["title"] == "离线模式"  # the extractive stand-in
-    assert kindex.validate(sample_kb) == []
+    [problem] = kindex.validate(sample_kb)
+    assert problem.startswith("sync/离线模式.md: its entry is a stand-in") and error.message in problem
 
 
 REFUSED = "no connection after 3 attempts: cannot connect to http://127.0.0.1:9/v1"

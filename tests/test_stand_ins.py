@@ -1,0 +1,95 @@
+"""`validate` names the entries a failed model call left as stand-ins, until a step writes them from an answer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import kindex
+from kindex import Options
+from tests.conftest import llm_settings
+from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
+
+RECORD = Path(".kindex") / "stand_ins.json"
+
+
+def failing(*paths: str, root: bool = False) -> Any:
+    def script(request: dict[str, Any]) -> Reply:
+        if is_root(request):
+            return Reply("boom", status=500) if root else well_behaved(request)
+        return Reply("boom", status=500) if doc_path(request) in paths else well_behaved(request)
+
+    return script
+
+
+def model(fake_llm: FakeLLM) -> Options:
+    return Options(llm=llm_settings(fake_llm, retries=0))
+
+
+def test_a_failed_document_is_named_until_a_doc_step_writes_its_entry(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = failing("离线模式.md", "退款政策.md")
+    report = kindex.reindex(sample_kb, model(fake_llm))
+    assert sorted(f.path for f in report.failures) == ["billing/退款政策.md", "sync/离线模式.md"]
+
+    problems = kindex.validate(sample_kb)
+    assert [p.split(":", 1)[0] for p in problems] == ["billing/退款政策.md", "sync/离线模式.md"]
+    assert "InternalServerError" in problems[1] and "run `kindex doc KB 'sync/离线模式.md'` to try again" in problems[1]
+    assert (sample_kb / RECORD).stat().st_mode & 0o777 == 0o600
+
+    fake_llm.script = well_behaved
+    kindex.doc(sample_kb, "sync", "离线模式.md", model(fake_llm))
+    assert [p.split(":", 1)[0] for p in kindex.validate(sample_kb)] == ["billing/退款政策.md"]
+
+    kindex.sub(sample_kb, "billing", model(fake_llm))
+    assert kindex.validate(sample_kb) == []
+    assert not (sample_kb / RECORD).exists()
+
+
+def test_a_failed_root_call_is_named_and_an_offline_step_accepts_its_stand_ins(
+    sample_kb: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script = failing(root=True)
+    kindex.reindex(sample_kb, model(fake_llm))
+    [problem] = kindex.validate(sample_kb)
+    assert problem.startswith("index.json: its theme and root-document entries are stand-ins")
+    assert "run `kindex root KB` to try again" in problem
+
+    kindex.root(sample_kb)  # the offline generator: its extractive entries are what was asked for
+    assert kindex.validate(sample_kb) == []
+
+
+def test_a_document_failing_again_keeps_its_report_and_others_are_not_forgotten(
+    sample_kb: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script = failing("离线模式.md", "退款政策.md")
+    kindex.reindex(sample_kb, model(fake_llm))
+    fake_llm.script = failing("离线模式.md", "退款政策.md")
+    kindex.sub(sample_kb, "sync", model(fake_llm))  # fails again; billing's stand-in is untouched
+    kindex.root(sample_kb, model(fake_llm))
+    record = json.loads((sample_kb / RECORD).read_text())
+    assert sorted(record["entries"]) == ["billing/退款政策.md", "sync/离线模式.md"]
+
+
+def test_a_deleted_document_or_theme_is_not_reported(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = failing("离线模式.md", "退款政策.md")
+    kindex.reindex(sample_kb, model(fake_llm))
+    (sample_kb / "sync" / "离线模式.md").unlink()
+    shutil.rmtree(sample_kb / "billing")
+
+    # Before any step: the scan no longer has them, so there is nothing to report of their stand-ins.
+    assert not any("stand-in" in p for p in kindex.validate(sample_kb))
+    kindex.reindex(sample_kb, model(fake_llm))
+    assert kindex.validate(sample_kb) == []
+    assert not (sample_kb / RECORD).exists()
+
+
+def test_a_damaged_record_is_ignored_and_replaced(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    kindex.reindex(sample_kb)
+    (sample_kb / RECORD).write_text('{"format": 1, "entries": [')
+    assert kindex.validate(sample_kb) == []
+
+    fake_llm.script = failing("离线模式.md")
+    kindex.sub(sample_kb, "sync", model(fake_llm))
+    assert list(json.loads((sample_kb / RECORD).read_text())["entries"]) == ["sync/离线模式.md"]
