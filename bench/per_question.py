@@ -17,6 +17,47 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+
+def question_sets(rq: Any, name: str, corpus: Path, kb: Path) -> dict[str, list[tuple[str, list[str]]]]:
+    """Every ranked question set of corpus ``name`` (``rq``: the ``retrieval_quality`` module), by label ("dev …",
+    "held …"). ``kb``: the corpus's copy, from which APISIX's FAQ.md is taken out here (it holds those questions
+    verbatim)."""
+    queries = rq.HERE / "queries"
+
+    def load(file: str) -> dict[str, Any]:
+        return dict(json.loads((queries / file).read_text(encoding="utf-8")))
+
+    hand, helper2, ids, digits = (
+        load(f) for f in ("handwritten.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
+    )
+    colloquial, keywords, fresh = (load(f) for f in ("colloquial.json", "keywords.json", "fresh_heldout.json"))
+    english_dev, english = load("english_dev.json"), load("english.json")
+    sets: dict[str, Any] = {}
+    if (kb / "FAQ.md").exists():
+        sets["dev faq"] = rq.faq_queries(kb)
+        (kb / "FAQ.md").unlink()
+    if name in hand:
+        sets["dev handwritten"] = hand[name]
+    for source, label in (
+        (helper2, "dev helper"),
+        (ids, "dev identifiers"),
+        (digits, "dev digits"),
+        (english_dev, "dev english"),
+    ):
+        if name in source:
+            sets[label] = source[name]["on"]
+    if name in ("greptime-zh", "memdocs-zh"):
+        qrels = json.loads((corpus.parent / "qrels.json").read_text(encoding="utf-8"))
+        sets["held real FAQ"] = [(r["q"], r["targets"]) for r in qrels]
+    for source, label in ((colloquial, "held colloquial"), (keywords, "held keywords")):
+        if name in source:
+            sets[label] = source[name]
+    for source, label in ((fresh, "held fresh"), (english, "held english")):
+        if name in source:
+            sets[label] = source[name]["on"]
+    return sets
 
 
 def run(checkout: Path, out: Path) -> None:
@@ -27,49 +68,17 @@ def run(checkout: Path, out: Path) -> None:
     import retrieval_quality as rq
 
     print(f"kindex from {kindex.__file__}", file=sys.stderr)
-    queries = rq.HERE / "queries"
-
-    def load(name: str) -> dict[str, object]:
-        return dict(json.loads((queries / name).read_text(encoding="utf-8")))
-
-    hand, helper2, ids, digits = (
-        load(f) for f in ("handwritten.json", "helper_dev2.json", "helper_ids.json", "helper_digits.json")
-    )
-    colloquial, keywords, fresh = (load(f) for f in ("colloquial.json", "keywords.json", "fresh_heldout.json"))
-    english_dev, english = load("english_dev.json"), load("english.json")
     result: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, corpus in rq.KBS.items():
             kb = Path(tmp) / name.replace("/", "-")
             shutil.copytree(corpus, kb, ignore=shutil.ignore_patterns(".kindex", "index.json"))
-            sets: dict[str, object] = {}
-            if (kb / "FAQ.md").exists():
-                sets["dev faq"] = rq.faq_queries(kb)
-                (kb / "FAQ.md").unlink()  # it holds those questions verbatim
-            if name in hand:
-                sets["dev handwritten"] = hand[name]
-            for source, label in (
-                (helper2, "dev helper"),
-                (ids, "dev identifiers"),
-                (digits, "dev digits"),
-                (english_dev, "dev english"),
-            ):
-                if name in source:
-                    sets[label] = source[name]["on"]  # type: ignore[index]
-            if name in ("greptime-zh", "memdocs-zh"):
-                qrels = json.loads((corpus.parent / "qrels.json").read_text(encoding="utf-8"))
-                sets["held real FAQ"] = [(r["q"], r["targets"]) for r in qrels]
-            for source, label in ((colloquial, "held colloquial"), (keywords, "held keywords")):
-                if name in source:
-                    sets[label] = source[name]
-            for source, label in ((fresh, "held fresh"), (english, "held english")):
-                if name in source:
-                    sets[label] = source[name]["on"]  # type: ignore[index]
+            sets = question_sets(rq, name, corpus, kb)
             kindex.reindex(kb)
             for label, questions in sets.items():
                 result[f"{name}|{label}"] = [
                     rq.per_query([hit.path for hit in kindex.search(kb, q, limit=10)], targets)["ndcg@10"]
-                    for q, targets in questions  # type: ignore[attr-defined]
+                    for q, targets in questions
                 ]
     out.write_text(json.dumps(result), encoding="utf-8")
 

@@ -1,6 +1,10 @@
 """Text analysis for search (SPEC §6.2): one function turns documents and questions alike into terms.
 
 - Text is NFKC-normalised and case-folded, so full-width letters, compatibility forms and case compare equal.
+- Traditional Chinese characters are read as their simplified forms (OpenCC's character table, ``zh_t2s.txt``), so
+  a question written in either script meets documents written in the other, and the segmenter's dictionary
+  (simplified) cuts traditional text into its words. Characters only: Taiwan words (軟體, 設定) are not mapped to the
+  mainland ones (软件, 设置).
 - Chinese runs are cut into words by jieba-rs (``rjieba``: ~0.2 s to load and ~35 MB, against 1.3 s and ~85 MB for
   the pure-Python ``jieba``, with the same dictionary and algorithm). Long words also yield the dictionary words
   inside them (search mode), so ``中华人民共和国`` meets a question about ``共和国``.
@@ -47,8 +51,9 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 10
-"""Bumped whenever the terms of a text change: saved search tables of another version are rebuilt."""
+ANALYZER_VERSION = 11
+"""Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
+characters read as simplified."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 # Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an
@@ -125,8 +130,24 @@ def _nfkc(text: str) -> str:
 
 def normalize(text: str) -> str:
     """NFKC plus case folding: full-width letters, compatibility forms and case all compare equal; characters no
-    reader sees (zero-width spaces, soft hyphens, a strike-through's marks) are dropped."""
-    return _nfkc(text).casefold()
+    reader sees (zero-width spaces, soft hyphens, a strike-through's marks) are dropped; traditional Chinese
+    characters read as simplified (:func:`simplified`), as analysis reads them."""
+    return simplified(_nfkc(text).casefold())
+
+
+_T2S_FILE = Path(__file__).with_name("zh_t2s.txt")  # written by tools/build_zh_t2s.py
+_t2s: dict[int, int] | None = None
+
+
+def simplified(run: str) -> str:
+    """``run`` with its traditional Chinese characters in their simplified forms (發票 → 发票, 驗證 → 验证); other
+    characters as they are. The table is read on the first use (4,103 characters)."""
+    global _t2s
+    table = _t2s
+    if table is None:
+        traditional, simple = _T2S_FILE.read_text(encoding="utf-8").splitlines()
+        table = _t2s = str.maketrans(traditional, simple)
+    return run.translate(table)
 
 
 def has_han(text: str) -> bool:
@@ -439,7 +460,7 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     for m in _TOKEN.finditer(_nfkc(text)):
         han = m.group("han")
         if han is not None:
-            out.extend(_han_terms(han.casefold(), vocab))
+            out.extend(_han_terms(simplified(han.casefold()), vocab))
         else:
             word = m.group("word")
             if len(word) <= MAX_WORD:

@@ -136,6 +136,18 @@ def test_the_kb_vocabulary_keeps_words_the_segmenter_cuts_apart_but_no_stop_word
     assert analysis.vocabulary(["时区", "请用 HTTPS", "会用", "企业采购", "数据的导入"]) == {"时区", "企业采购"}
 
 
+def test_traditional_characters_are_read_as_simplified_ones() -> None:
+    assert analysis.analyze("如何開啟雙重驗證？發票怎麼開") == analysis.analyze("如何开启双重验证？发票怎么开")
+    assert analysis.analyze("啟動伺服器") == analysis.analyze("启动伺服器")  # Taiwan's form of 啓 too
+    assert analysis.vocabulary(["企業採購"]) == {"企业采购"}
+    assert analysis.normalize("發票 ＡＰＩ") == "发票 api"
+    # Characters simplified text also writes as they are (乾坤, 於是, 瞭望) stay: simplified documents keep their words.
+    assert analysis.simplified("乾坤於瞭") == "乾坤於瞭"
+    traditional, simple = analysis._T2S_FILE.read_text(encoding="utf-8").splitlines()
+    assert len(traditional) == len(simple) == len(set(traditional)) > 4000
+    assert all(t != s for t, s in zip(traditional, simple, strict=True))
+
+
 def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None:
     assert analysis.value_terms("退款多久到账 用户 zhangsan01") == {"zhangsan01", "zhangsan"}
     assert analysis.value_terms("错误0x80180014怎么办") == {"0x80180014"}

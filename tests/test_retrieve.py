@@ -142,6 +142,26 @@ def test_budget_is_respected_and_a_long_document_gives_its_head_and_matching_sec
     assert [original.index(p) for p in pieces] == sorted(original.index(p) for p in pieces)
 
 
+def test_traditional_and_simplified_chinese_find_each_other(sample_kb: Path) -> None:
+    traditional, simple = kindex.analysis._T2S_FILE.read_text(encoding="utf-8").splitlines()
+    to_traditional = str.maketrans(simple[::-1], traditional[::-1])  # one traditional form of each character
+    page = sample_kb / "billing" / "退款政策.md"
+    original = page.read_text(encoding="utf-8")
+    page.write_text(original.translate(to_traditional), encoding="utf-8")
+    assert "### 贈送的會員時長" in page.read_text(encoding="utf-8")
+    kindex.reindex(sample_kb)
+
+    # A simplified question finds the traditional page, and its budget goes to the section it asks about.
+    ctx = kindex.build_context(sample_kb, "赠送的会员时长能退款吗", budget_tokens=400, max_docs=1)
+    assert ctx.items[0].path == "billing/退款政策.md" and ctx.items[0].truncated
+    assert "### 贈送的會員時長" in ctx.text
+    # A traditional question finds a simplified page as its simplified twin does.
+    for question in ("如何開啟雙重驗證", "發票怎麼開"):
+        twin = question.translate(str.maketrans(traditional, simple))
+        assert [h.path for h in kindex.search(sample_kb, question)] == [h.path for h in kindex.search(sample_kb, twin)]
+        assert kindex.search(sample_kb, question)
+
+
 def test_a_long_document_is_cut_by_the_heaviest_words_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each question word costs the cut a scan of the document: a 20,000-character message held by a document of
     # 60,000 sections took 40 s. Only the words the document holds count, and of those the heaviest.

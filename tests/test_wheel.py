@@ -56,5 +56,6 @@ def test_every_template_renders_from_an_installed_wheel(tmp_path: Path, sample_k
     shipped = {p.relative_to(site).as_posix() for p in (site / "kindex").rglob("*.py") if "prompts" not in p.parts}
     assert source == shipped
     # And every data file: the word tables are read where the package is installed.
-    data = {p.name for p in (REPO / "kindex").glob("*.bin")}
-    assert data == {"zh_words.bin", "en_words.bin"} and all((site / "kindex" / name).is_file() for name in data)
+    data = {p.name for p in (REPO / "kindex").iterdir() if p.suffix in (".bin", ".txt")}
+    assert data == {"zh_words.bin", "en_words.bin", "zh_t2s.txt"}
+    assert all((site / "kindex" / name).is_file() for name in data)

@@ -1,0 +1,52 @@
+"""Write kindex/zh_t2s.txt: traditional Chinese characters and the simplified ones analysis reads them as.
+
+    python tools/build_zh_t2s.py        (needs the `opencc-python-reimplemented` package: pip install -e '.[bench]')
+
+From OpenCC's character tables (Apache-2.0, https://github.com/BYVoid/OpenCC, as that package ships them):
+``TSCharacters.txt`` (traditional → simplified, the first candidate), after ``TWVariantsRev.txt`` and
+``HKVariantsRev.txt`` (the Taiwan and Hong Kong forms of a character → OpenCC's traditional one: 啟 → 啓 → 启).
+A character whose own form is among its candidates (乾 → 干 乾, 於 → 于 於, 瞭 → 瞭 了) is written in simplified text
+too, and is left as it is: mapping it would change simplified documents' words. Characters only, no phrases: a
+Taiwan word (軟體, 設定) reads as its characters' simplified forms (软体, 设定), not as the mainland word.
+
+The file: line 1 the traditional characters, line 2 the simplified ones, position for position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import opencc
+
+OUT = Path(__file__).resolve().parent.parent / "kindex" / "zh_t2s.txt"
+
+
+def _table(name: str) -> dict[str, list[str]]:
+    path = Path(opencc.__file__).resolve().parent / "dictionary" / name
+    out: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, values = line.split("\t")
+        if len(key) == 1:
+            out[key] = values.split()
+    return out
+
+
+def main() -> None:
+    ts = _table("TSCharacters.txt")
+    mapping = {k: c[0] for k, c in ts.items() if k not in c}
+    for variants in ("TWVariantsRev.txt", "HKVariantsRev.txt"):
+        for k, c in _table(variants).items():
+            if k in c or k in ts:
+                continue
+            standard = c[0]
+            simple = ts.get(standard, [standard])
+            if standard not in simple:
+                mapping[k] = simple[0]
+    pairs = sorted((k, v) for k, v in mapping.items() if k != v)
+    assert all(len(k) == len(v) == 1 for k, v in pairs)
+    OUT.write_text("".join(k for k, _ in pairs) + "\n" + "".join(v for _, v in pairs) + "\n", encoding="utf-8")
+    print(f"wrote {OUT}: {len(pairs)} characters")
+
+
+if __name__ == "__main__":
+    main()
