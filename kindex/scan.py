@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import os
 import re
@@ -505,16 +506,29 @@ def _decode(path: Path) -> tuple[str, str]:
     return decode_document(data), hashlib.sha256(data).hexdigest()
 
 
+MAX_FRONTMATTER_CHARS = 16 * 1024
+"""A frontmatter block longer than this is not parsed: the longest of 3,361 real ones (the corpora, TiDB's docs,
+the skills) is 1.2 KB, and YAML parsing costs about 12 s and 350 MB per MB of a flow list."""
+
+
 def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
-    """Split YAML frontmatter from the body: ``(meta, body, problem)``; a broken block is dropped and reported."""
+    """Split YAML frontmatter from the body: ``(meta, body, problem)``; a broken block is dropped and reported.
+
+    Bounded: a block over ``MAX_FRONTMATTER_CHARS`` is not parsed, and one using YAML aliases (``*name``) is
+    refused: merge keys over aliases (``<<: [*m0, *m0]``) double the work with every line, and under 1 KB of them
+    took minutes and gigabytes. No page's metadata needs them."""
     m = _FRONTMATTER.match(text)
     if m is None:
         return {}, text, None
     body = text[m.end() :]
+    if len(m.group(1)) > MAX_FRONTMATTER_CHARS:
+        return {}, body, f"frontmatter is longer than {MAX_FRONTMATTER_CHARS // 1024} KiB: ignored, the body is indexed"
     import yaml  # here, not at the top: the read path serves documents without parsing frontmatter (~20 ms)
 
     try:
-        meta = yaml.safe_load(m.group(1))
+        meta = yaml.load(m.group(1), Loader=_loader())  # a SafeLoader that refuses aliases
+    except _AliasRefused:
+        return {}, body, "frontmatter uses YAML aliases (*name): ignored, the body is indexed"
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 2}" if where is not None else ""
@@ -526,6 +540,24 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
     if not isinstance(meta, dict):
         return {}, body, "frontmatter is not a YAML mapping: ignored, the body is indexed"
     return {str(k): v for k, v in meta.items()}, body, None
+
+
+class _AliasRefused(InvalidFileError):
+    """A frontmatter alias, which :func:`split_frontmatter` refuses (caught there, never raised further)."""
+
+
+@functools.cache
+def _loader() -> type:
+    """PyYAML's safe loader, refusing aliases before it resolves them (made once, on the first frontmatter)."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise _AliasRefused("frontmatter alias")
+            return super().compose_node(parent, index)
+
+    return NoAliases
 
 
 def strip_frontmatter(text: str) -> str:
