@@ -191,7 +191,8 @@ def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
     import tomllib  # with datetime and its regexes, ~8 ms that a KB without the file never pays
 
     try:
-        data = tomllib.loads(real.read_text(encoding="utf-8"))
+        # utf-8-sig: Notepad saves UTF-8 with a byte-order mark, which TOML does not allow; it says nothing.
+        data = tomllib.loads(real.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidFileError(f"{CONFIG_FILE} cannot be read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:

@@ -31,6 +31,15 @@ def test_flag_beats_environment_beats_file_beats_default(sample_kb: Path) -> Non
     assert (eff["retries"], eff.sources["retries"]) == (4, "default")
 
 
+def test_a_file_saved_with_a_byte_order_mark_is_read(sample_kb: Path) -> None:
+    # Notepad's UTF-8 has one; the file made every command of the KB fail, `context` included.
+    write_config(sample_kb, "\ufeff[context]\nbudget_tokens = 900\n")
+
+    eff = resolve(sample_kb, {}, {})
+
+    assert (eff["budget_tokens"], eff.sources["budget_tokens"]) == (900, "kindex.toml")
+
+
 def test_kindex_config_prints_each_value_and_its_source(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_config(sample_kb, '[model]\nmodel = "openai/gpt-4o-mini"\ntemperature = 0.5\n')
     monkeypatch.setenv("KINDEX_TEMPERATURE", "0.7")
