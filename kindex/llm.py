@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from kindex.config import DEFAULTS, RESPONSE_FORMATS, Effective, resolve
 from kindex.errors import ModelCallError, ModelError, UsageError
+from kindex.records import clean_text
 
 Message = Mapping[str, str]
 
@@ -403,5 +404,6 @@ TIMED_OUT = "no complete answer within the call's deadline (--timeout)"  # gener
 def _short(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) and not str(exc):
         return TIMED_OUT
-    text = " ".join(str(exc).split())
-    return text[:300] + ("…" if len(text) > 300 else "")
+    # A provider's text: its control characters dropped (an escape sequence in a 400's message reached the terminal
+    # through the run's summary and validate), on one line, bounded.
+    return clean_text(str(exc), 301)

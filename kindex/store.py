@@ -19,7 +19,7 @@ import orjson
 
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError, ThemeFolderError
 from kindex.files import read_regular, regular_file
-from kindex.records import INDEX_FILE, Index, parse_index
+from kindex.records import INDEX_FILE, Index, clean_text, parse_index
 
 STATE_DIR = ".kindex"
 _MAX_PARENT_INDEX_BYTES = 16 * 2**20
@@ -242,15 +242,21 @@ def read_stand_ins(kb: Path) -> dict[str, str]:
     document (its path in the KB), and ``index.json`` for the root index's own call (its theme and root-document
     entries). What ``validate`` reports until a step writes them from an answer. Empty when there is none, and when
     ``.kindex/stand_ins.json`` is missing or damaged: it is bookkeeping, and losing it loses only that report."""
+    path = kb / STATE_DIR / STAND_INS_FILE
     try:
-        data = read_regular(kb / STATE_DIR / STAND_INS_FILE, _MAX_STAND_INS_BYTES)
+        if path.is_symlink():  # kindex writes a file: a link may lead out of the KB
+            return {}
+        data = read_regular(path, _MAX_STAND_INS_BYTES)
         obj = orjson.loads(data) if len(data) <= _MAX_STAND_INS_BYTES else None
     except (OSError, ValueError, KindexError):
         return {}
-    entries = obj.get("entries") if type(obj) is dict and obj.get("format") == _STAND_INS_FORMAT else None
+    if type(obj) is not dict or type(obj.get("format")) is not int or obj["format"] != _STAND_INS_FORMAT:
+        return {}
+    entries = obj.get("entries")
     if type(entries) is not dict:
         return {}
-    return {label: reason for label, reason in entries.items() if type(reason) is str}
+    # Checked as written (see note_stand_ins): anyone who may write the KB may have written this file.
+    return {label: clean_text(reason, _MAX_REASON_CHARS) for label, reason in entries.items() if type(reason) is str}
 
 
 def note_stand_ins(kb: Path, settled: Callable[[str], bool], failed: Mapping[str, str]) -> None:
@@ -260,7 +266,7 @@ def note_stand_ins(kb: Path, settled: Callable[[str], bool], failed: Mapping[str
     kindex cannot write to keeps its index, without this report."""
     old = read_stand_ins(kb)
     new = {label: reason for label, reason in old.items() if not settled(label)}
-    new.update((label, reason[:_MAX_REASON_CHARS]) for label, reason in failed.items())
+    new.update((label, clean_text(reason, _MAX_REASON_CHARS)) for label, reason in failed.items())
     if new == old:
         return
     path = kb / STATE_DIR / STAND_INS_FILE

@@ -67,7 +67,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         fix = "kindex root KB" if d.theme is None else f"kindex doc KB {shlex.quote(d.rel)}"
         if d.rel in changed:
             problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex KB`)")
-        elif d.theme is not None and d.rel in stand_ins:
+        if d.theme is not None and d.rel in stand_ins:
             problems.append(
                 f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "
                 f"({stand_ins[d.rel]}); run `{fix}` to try again{_ACCEPT}"

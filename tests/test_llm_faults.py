@@ -133,6 +133,21 @@ def test_persistent_server_errors_fail_documents_but_not_the_run(
     assert problem.startswith("sync/离线模式.md: its entry is a stand-in") and reason in problem
 
 
+def test_a_providers_error_text_reaches_no_terminal_as_control_characters(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    escape = "\x1b]0;OWNED\x07\x1b[2J"
+
+    def script(request: dict[str, Any]) -> Reply:
+        if not is_root(request) and doc_path(request) == "离线模式.md":
+            return Reply(escape + "bad\nrequest", status=400)  # a body that is not JSON: its text as sent
+        return well_behaved(request)
+
+    fake_llm.script = script
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm, retries=0)))
+
+    [failure] = report.failures
+    assert "]0;OWNED[2Jbad request" in failure.reason and not any(ord(c) < 32 for c in failure.reason)
+
+
 def test_a_model_string_without_a_provider_is_a_usage_error_not_a_traceback(sample_kb: Path) -> None:
     # litellm's BadRequestError ("LLM Provider NOT provided") escaped as a 60-line traceback.
     from click.testing import CliRunner

@@ -93,3 +93,31 @@ def test_a_damaged_record_is_ignored_and_replaced(sample_kb: Path, fake_llm: Fak
     fake_llm.script = failing("离线模式.md")
     kindex.sub(sample_kb, "sync", model(fake_llm))
     assert list(json.loads((sample_kb / RECORD).read_text())["entries"]) == ["sync/离线模式.md"]
+
+
+def test_a_tampered_record_is_read_bounded_and_without_control_characters(sample_kb: Path, tmp_path: Path) -> None:
+    kindex.reindex(sample_kb)
+    record = sample_kb / RECORD
+    entries = {"sync/离线模式.md": "\x1b]0;OWNED\x07\x1b[2J" + "x" * 100_000, "../outside.md": "no"}
+    record.write_text(json.dumps({"format": 1, "entries": entries}))
+    [problem] = kindex.validate(sample_kb)
+    assert "\x1b" not in problem and "\x07" not in problem and "]0;OWNED[2J" in problem and len(problem) < 600
+
+    record.write_text(json.dumps({"format": True, "entries": entries}))  # not format 1
+    assert kindex.validate(sample_kb) == []
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps({"format": 1, "entries": {"sync/离线模式.md": "secret text"}}))
+    record.unlink()
+    record.symlink_to(outside)  # kindex writes a file there: a link may lead out of the KB
+    assert kindex.validate(sample_kb) == []
+
+
+def test_a_document_edited_and_then_failed_is_named_both_ways(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    kindex.reindex(sample_kb, model(fake_llm))
+    page = sample_kb / "sync" / "离线模式.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n新增一段。\n", encoding="utf-8")
+    fake_llm.script = failing("离线模式.md")
+    kindex.sub(sample_kb, "sync", model(fake_llm))
+
+    problems = kindex.validate(sample_kb)
+    assert [p.split(": ", 1)[1][:24] for p in problems] == ["changed since its entry ", "its entry is a stand-in "]
