@@ -71,6 +71,10 @@ MAX_STARS = 8
 them (``{*,*/}{*,*/}{*,*/}/**/*/**/*b`` took 0.8 s, an 18-star one 31 s); eight keep every case tried under
 15 ms, and real globs use five at most (``src/**/components/**/*.{ts,tsx}``)."""
 _BRACE_LIMIT = 64
+MAX_COMPILED_EXPANSIONS = 4096
+"""Brace expansions one cache of compiled globs (a loaded index's: :func:`any_match`) compiles in all. Each costs
+about 0.4 ms (a 64-way glob 27 ms, and an entry may hold 16 of them): a KB whose entries held 1,600 such globs made
+its first question with a file path take 32 s. Past the budget, further globs match nothing."""
 
 
 class Matcher:
@@ -131,9 +135,23 @@ def _only_stars_cross(glob: str) -> str:
 
 
 def usable_glob(glob: str) -> bool:
-    """Whether ``glob`` compiles within the bounds (at most two ``**`` and eight stars in all, at most 64 brace
-    expansions)."""
-    return _compile(glob) is not None
+    """Whether ``glob`` is within the bounds (at most two ``**`` and eight stars in all, at most 64 brace
+    expansions), told by expanding its braces, not by compiling it: every scan and every index read checks the
+    globs of every entry, and compiling a 64-way glob takes 27 ms. It is compiled when a path is matched."""
+    return _expansions(glob) > 0
+
+
+def _expansions(glob: str) -> int:
+    """How many patterns ``glob``'s braces expand to, or 0 when it is out of the bounds."""
+    import bracex  # wcmatch's own brace expander, imported with it
+
+    glob = normalize_path(glob)
+    if not glob or glob.count("**") > MAX_GLOBSTARS or glob.count("*") > MAX_STARS:
+        return 0
+    try:
+        return sum(1 for _ in bracex.iexpand(glob, limit=_BRACE_LIMIT))
+    except Exception:  # bracex raises its own error past the limit, and others for patterns it cannot read
+        return 0
 
 
 def _usable_path(path: str) -> bool:
@@ -151,24 +169,37 @@ def glob_matches(glob: str, path: str) -> bool:
     return matcher is not None and _usable_path(path) and bool(matcher.match(path))
 
 
-def any_match(
-    globs: Iterable[str], paths: Iterable[str], compiled: dict[str, Matcher | None] | None = None
-) -> str | None:
-    """The first glob that matches one of ``paths``, or ``None``.
+class Compiled:
+    """A cache of compiled globs (a loaded index keeps one for all of its globs, which the process-wide cache of
+    :func:`glob_matches` may be too small to hold), compiling at most ``MAX_COMPILED_EXPANSIONS`` brace expansions
+    in all, unless ``bounded`` is false: the settings' ``exclude``, which a KB's owner writes and which must never
+    stop excluding."""
 
-    ``compiled`` is the caller's cache of compiled globs (a loaded index keeps one for all of its globs, which the
-    process-wide cache of ``glob_matches`` may be too small to hold).
-    """
+    def __init__(self, *, bounded: bool = True) -> None:
+        self.matchers: dict[str, Matcher | None] = {}
+        self.spent = 0
+        self.bounded = bounded
+
+    def get(self, glob: str) -> Matcher | None:
+        if glob in self.matchers:
+            return self.matchers[glob]
+        cost = _expansions(glob)
+        matcher = None
+        if cost and (not self.bounded or self.spent + cost <= MAX_COMPILED_EXPANSIONS):
+            self.spent += cost
+            matcher = _compile.__wrapped__(glob)
+        self.matchers[glob] = matcher
+        return matcher
+
+
+def any_match(globs: Iterable[str], paths: Iterable[str], compiled: Compiled | None = None) -> str | None:
+    """The first glob that matches one of ``paths``, or ``None``; ``compiled``: the caller's cache (:class:`Compiled`),
+    else the process-wide one."""
     usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]
     if not usable:
         return None
     for glob in globs:
-        if compiled is None:
-            matcher = _compile(glob)
-        elif glob in compiled:
-            matcher = compiled[glob]
-        else:
-            matcher = compiled[glob] = _compile.__wrapped__(glob)
+        matcher = _compile(glob) if compiled is None else compiled.get(glob)
         if matcher is not None and any(matcher.match(p) for p in usable):
             return glob
     return None

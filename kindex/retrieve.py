@@ -45,7 +45,7 @@ from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGE
 from kindex.errors import UsageError
 from kindex.files import regular_file
 from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
-from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, any_match, normalize_path, paths_in_text
+from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, Compiled, any_match, normalize_path, paths_in_text
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_start, kb_folder, servable
@@ -267,7 +267,7 @@ class _Loaded:
     theme_norm: list[float]
     """Per theme entry: ``K1`` times its length normalisation, the part of BM25's denominator fixed per load."""
     skill_library: bool
-    matchers: dict[str, Any] = field(default_factory=dict)
+    matchers: Compiled = field(default_factory=Compiled)
     """The compiled ``paths`` globs of this index, filled on first use."""
     folded: dict[str, int] | None = None
     """Unconditional documents in a folder by case-folded path (-1 where two paths differ only in case): how a path

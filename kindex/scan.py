@@ -34,7 +34,7 @@ from kindex.errors import (
     UsageError,
 )
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
-from kindex.globs import any_match, normalize_path
+from kindex.globs import Compiled, any_match, normalize_path
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
 from kindex.records import clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
@@ -226,7 +226,7 @@ def scan(
     exclude = config.excluded(root)
     memory = _Memory.load(root, excerpt_chars, reuse)
     again = None if read_again is None else read_again.strip("/")
-    compiled: dict[str, Any] = {}
+    compiled = Compiled(bounded=False)
     skipped: list[Skipped] = []
     warnings: list[Skipped] = []
     root_docs: list[ScannedDoc] = []

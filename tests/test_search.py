@@ -401,6 +401,27 @@ def test_globs_with_more_than_two_globstars_or_brace_bombs_are_not_kept() -> Non
     )
 
 
+def test_a_glob_is_checked_without_compiling_it_and_an_index_compiles_a_bounded_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Compiling a 64-way glob takes 27 ms; every scan and index read checks every entry's globs, and a KB of 100
+    # entries holding 16 such globs each took 32 s per `validate` and per first question with a file path.
+    from kindex import globs
+
+    bomb = "{a,b}{c,d}{e,f}{g,h}{i,j}{k,l}/x/**/*[!q]*.md"
+    monkeypatch.setattr(globs, "_compile", None)  # any compile here would fail the test
+    assert usable_glob(bomb) and doc_item_from({"title": "t", "summary": "s", "paths": [bomb]}, "x").paths == (bomb,)
+    monkeypatch.undo()
+
+    monkeypatch.setattr(globs, "MAX_COMPILED_EXPANSIONS", 10)
+    cache = globs.Compiled()
+    assert globs.any_match(["{a,b}/*.md", "{c,d,e,f}/*.md"], ["d/x.md"], cache) == "{c,d,e,f}/*.md"
+    assert cache.spent == 6
+    # Past the budget a glob matches nothing, even one that would (its cost is not paid).
+    assert globs.any_match(["{g,h,i,j,k}/*.md"], ["g/x.md"], cache) is None and cache.spent == 6
+    assert globs.any_match(["{a,b}/*.md"], ["a/x.md"], cache) == "{a,b}/*.md"  # compiled before: still served
+
+
 def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["context", str(indexed), "-", "--json"], input="发票怎么开\n")

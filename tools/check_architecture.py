@@ -69,8 +69,10 @@ LAZY_ALLOWED = {
     "yaml",
     # Importing rjieba builds its whole dictionary; a one-shot question is cut without it (kindex.analysis).
     "rjieba",
-    # Compiled only when a glob is matched: most questions name no file.
+    # Compiled only when a glob is matched: most questions name no file. bracex (wcmatch's brace expander) checks
+    # a glob's bounds only where globs are read.
     "wcmatch",
+    "bracex",
     # Read only when a KB has a kindex.toml.
     "tomllib",
     # With email, zipfile and csv (~40 ms): read only to word the error for a missing extra.
