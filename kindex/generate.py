@@ -218,12 +218,12 @@ def _run(
 ) -> RunReport:
     opts = options or Options()
     opts.check()
+    started = time.monotonic()  # the scan included: a 2 MB frontmatter took a minute to scan, and "0.1 s" was said
     # What the step is about is read from disk whatever the scan remembers; `force` reads every document.
     s = scan(kb, excerpt_chars=opts.excerpt_chars, reuse=not opts.force, read_again=read_again or subject)
     refuse_theme_folder(s.kb)
     if subject is not None:
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
-    started = time.monotonic()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel) as held:
         themes = list(s.themes) if step == "reindex" else [subject] if subject is not None else []
