@@ -41,6 +41,9 @@ _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(
     r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
 )
+# A terminal's colour and cursor sequences (ESC [ parameters, intermediates, a final byte): their ESC alone dropped
+# left "[31mred[0m" in a summary. Disjoint classes in a row: one pass, no backtracking.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 # Tags often arrive as one string ("退款, 发票、refund"); these are the separators people actually use.
 _TAG_SPLIT = re.compile(r"[,，、;；|\n]+")
 
@@ -52,7 +55,9 @@ def clean_text(value: object, limit: int) -> str:
             value = str(value)
         else:
             return ""
-    value = _SPACE.sub(" ", _CONTROL.sub("", value)).strip()
+    value = _SPACE.sub(" ", _CONTROL.sub("", _ANSI.sub("", value) if "\x1b" in value else value)).strip()
+    if not value.strip("\u200c\u200d "):  # only joiners: nothing a reader sees (a heading "# \u200c\u200d")
+        return ""
     if len(value) > limit:
         value = value[: limit - 1].rstrip() + "…"
     return value

@@ -548,7 +548,9 @@ class _AliasRefused(InvalidFileError):
 
 @functools.cache
 def _loader() -> type:
-    """PyYAML's safe loader, refusing aliases before it resolves them (made once, on the first frontmatter)."""
+    """PyYAML's safe loader, refusing aliases before it resolves them, and reading dates and YAML 1.1's booleans
+    as the text they are (``title: 2020-01-01`` and ``tags: [yes, no]`` were dropped as not text); made once, on
+    the first frontmatter."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
@@ -557,6 +559,11 @@ def _loader() -> type:
                 raise _AliasRefused("frontmatter alias")
             return super().compose_node(parent, index)
 
+    as_text = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp"}
+    NoAliases.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in as_text]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
     return NoAliases
 
 

@@ -77,6 +77,25 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def test_dates_and_yes_no_in_frontmatter_are_the_text_written(tmp_path: Path) -> None:
+    # YAML 1.1 reads them as a date and booleans, which are not text: the title and the tags were silently dropped.
+    write(tmp_path / "t" / "x.md", "---\ntitle: 2020-01-01\ntags: [yes, no, on, 1.5]\n---\n正文。\n")
+    doc = kindex.scan(tmp_path).themes["t"][0]
+
+    assert doc.signals.title == "2020-01-01"
+    assert doc.signals.tags == ("yes", "no", "on", "1.5")
+
+
+def test_terminal_sequences_and_headings_of_invisible_characters_give_no_text(tmp_path: Path) -> None:
+    # YAML's own escape: the file holds a backslash, the value an ESC.
+    yaml = '---\ndescription: "\\x1b[31mred\\x1b[0m"\n---\n'
+    write(tmp_path / "t" / "x.md", yaml + "# \u200b\u200c\u200d\ufeff\n\n正文。\n")
+    assert kindex.scan(tmp_path).themes["t"][0].signals.description == "red"  # not "[31mred[0m"
+    kindex.reindex(tmp_path)
+    [entry] = kindex.parse_index((tmp_path / "t" / "index.json").read_bytes())[0].documents
+    assert entry.title == "x" and "\u200c" not in "".join(entry.questions)  # the file's name, not the joiners
+
+
 def test_a_utf16_document_with_its_byte_order_mark_is_indexed_and_served(tmp_path: Path) -> None:
     kb = tmp_path / "kb"
     text = "# 退款政策\n\n退款三个工作日内到账。\n"
