@@ -176,8 +176,16 @@ def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
             yield INLINE_TAG.sub("", line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
 
 
+SUMMARY_SCAN_CHARS = 64 * 1024
+"""How far into a document its first paragraph is looked for: parsing all of a 2 MB page of headings for it took
+seconds, and a page whose first 64 KB hold no prose is summarised by its headings."""
+
+
 def first_paragraph(text: str) -> str:
-    """The first paragraph that reads as prose, cut at a sentence boundary near ``SUMMARY_TARGET``."""
+    """The first paragraph that reads as prose (within ``SUMMARY_SCAN_CHARS``), cut at a sentence boundary near
+    ``SUMMARY_TARGET``."""
+    if len(text) > SUMMARY_SCAN_CHARS:
+        text = text[: text.rfind("\n", 0, SUMMARY_SCAN_CHARS) + 1 or SUMMARY_SCAN_CHARS]
     para: list[str] = []
     for line in _readable(lines(text)):
         stripped = line.strip()

@@ -375,6 +375,23 @@ def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
     assert distinctive_tags(text, "Menu") == ["café", "crème", "привет"]
 
 
+def test_an_offline_summary_looks_only_at_the_start_of_a_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It parsed the whole page for its first paragraph: seconds for a 2 MB page of headings.
+    from kindex import extractive
+
+    parsed: list[int] = []
+    real = extractive.lines  # type: ignore[attr-defined]
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(extractive, "lines", counting)
+    text = "# 标题\n\n" + "#\n" * 500_000 + "正文。\n"
+    assert extractive.first_paragraph(text) == "" and parsed and max(parsed) <= extractive.SUMMARY_SCAN_CHARS
+    assert extractive.first_paragraph("# 标题\n\n第一段。\n\n第二段。\n" + "#\n" * 50_000) == "第一段。"
+
+
 def test_offline_questions_carry_no_html_anchor(tmp_path: Path) -> None:
     doc = tmp_path / "t" / "a.md"
     doc.parent.mkdir(parents=True)
