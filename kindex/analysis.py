@@ -484,6 +484,20 @@ def surface_forms(text: str) -> dict[str, str]:
     return forms
 
 
+def traditional_runs(text: str) -> list[tuple[str, str]]:
+    """Each run of Chinese in ``text`` written with traditional characters: (as analysis reads it, as written),
+    position for position (the table maps one character to one), so a term's written form is the same slice of
+    the run: what "matched" shows a person who wrote 發票 (:func:`surface_forms` does it for Latin words)."""
+    out: list[tuple[str, str]] = []
+    if simplified(text) == text:  # nearly every question: one pass in C
+        return out
+    for m in _TOKEN.finditer(_nfkc(text)):
+        run = m.group("han")
+        if run is not None and (simple := simplified(run)) != run and len(simple) == len(run):
+            out.append((simple, run))
+    return out
+
+
 def is_number(term: str) -> bool:
     """A number as a term: digits, with the separators a word may hold (``42``, ``0.17``, ``1.0``, ``2024-05-18``):
     a quantity, a version or a date, which the retrieval weighs as a value, not as a name."""

@@ -38,6 +38,7 @@ from kindex.analysis import (
     mixes_letters_and_digits,
     normalize,
     surface_forms,
+    traditional_runs,
     value_terms,
     visible,
 )
@@ -426,14 +427,21 @@ class _Scored:
     message: str = ""
     """The (bounded) question, for :meth:`shown`."""
     _forms: dict[str, str] | None = None
+    _runs: list[tuple[str, str]] = field(default_factory=list)
 
     def shown(self, terms: Sequence[str]) -> tuple[str, ...]:
-        """``terms`` as the question wrote them (``CORS``, not its stem ``cor``), each once: what "matched" says."""
+        """``terms`` as the question wrote them (``CORS``, not its stem ``cor``; ``發票``, not ``发票``), each once:
+        what "matched" says."""
         if not terms:
             return ()
         if self._forms is None:
             self._forms = surface_forms(self.message)
+            self._runs = traditional_runs(self.message)
         forms = self._forms
+        for t in terms if self._runs else ():  # a question with traditional characters: their terms as written
+            if t not in forms:
+                at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
+                forms[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
         return tuple(dict.fromkeys(forms.get(t, t) for t in terms))
 
     def cover(self) -> npt.NDArray[np.float32]:

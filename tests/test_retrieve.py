@@ -160,6 +160,9 @@ def test_traditional_and_simplified_chinese_find_each_other(sample_kb: Path) -> 
         twin = question.translate(str.maketrans(traditional, simple))
         assert [h.path for h in kindex.search(sample_kb, question)] == [h.path for h in kindex.search(sample_kb, twin)]
         assert kindex.search(sample_kb, question)
+    # "matched" shows the words as the question wrote them.
+    assert kindex.search(sample_kb, "發票怎麼開")[0].matched == ("發票", "開")
+    assert kindex.search(sample_kb, "发票怎么开")[0].matched == ("发票", "开")
 
 
 def test_a_long_document_is_cut_by_the_heaviest_words_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
