@@ -52,7 +52,10 @@ def clean_text(value: object, limit: int) -> str:
     """A single-line string with runs of white space folded, control characters dropped, cut to ``limit``."""
     if not isinstance(value, str):
         if isinstance(value, int | float) and not isinstance(value, bool):
-            value = str(value)
+            try:
+                value = str(value)
+            except ValueError:  # an int past Python's digit limit for conversion: no title or tag is one
+                return ""
         else:
             return ""
     value = _SPACE.sub(" ", _CONTROL.sub("", _ANSI.sub("", value) if "\x1b" in value else value)).strip()

@@ -535,6 +535,8 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
         return {}, body, f"frontmatter is not valid YAML{line}: ignored, the body is indexed"
     except RecursionError:  # nested hundreds of levels deep: no author writes that
         return {}, body, "frontmatter is nested too deeply: ignored, the body is indexed"
+    except (ValueError, TypeError, OverflowError):  # a tagged value PyYAML cannot build (!!int of 5,000 digits)
+        return {}, body, "frontmatter holds a value that cannot be read: ignored, the body is indexed"
     if meta is None:
         return {}, body, None
     if not isinstance(meta, dict):
@@ -548,9 +550,10 @@ class _AliasRefused(InvalidFileError):
 
 @functools.cache
 def _loader() -> type:
-    """PyYAML's safe loader, refusing aliases before it resolves them, and reading dates and YAML 1.1's booleans
-    as the text they are (``title: 2020-01-01`` and ``tags: [yes, no]`` were dropped as not text); made once, on
-    the first frontmatter."""
+    """PyYAML's safe loader, refusing aliases before it resolves them, and reading YAML 1.1's booleans, numbers
+    and dates as the text written (``title: 2020-01-01`` and ``tags: [yes, no]`` were dropped as not text,
+    ``title: 12:30`` became 750, ``0755`` 493; a 5,000-digit number raised past Python's conversion limit); made
+    once, on the first frontmatter."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
@@ -559,7 +562,7 @@ def _loader() -> type:
                 raise _AliasRefused("frontmatter alias")
             return super().compose_node(parent, index)
 
-    as_text = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp"}
+    as_text = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "timestamp")}
     NoAliases.yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in as_text]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()

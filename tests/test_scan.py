@@ -77,13 +77,21 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
-def test_dates_and_yes_no_in_frontmatter_are_the_text_written(tmp_path: Path) -> None:
-    # YAML 1.1 reads them as a date and booleans, which are not text: the title and the tags were silently dropped.
-    write(tmp_path / "t" / "x.md", "---\ntitle: 2020-01-01\ntags: [yes, no, on, 1.5]\n---\n正文。\n")
-    doc = kindex.scan(tmp_path).themes["t"][0]
+def test_dates_yes_no_and_numbers_in_frontmatter_are_the_text_written(tmp_path: Path) -> None:
+    # YAML 1.1 reads them as dates, booleans and numbers: the title and the tags were silently dropped, 12:30 read
+    # as 750, 0755 as 493; and a number of 5,000 digits crashed every command that scans (Python's digit limit).
+    tags = "[yes, no, on, 1.50, 0755, 12:30, .inf]"
+    write(tmp_path / "t" / "x.md", f"---\ntitle: 2020-01-01\ntags: {tags}\n---\n正文。\n")
+    write(tmp_path / "t" / "big.md", "---\ntitle: 1" + "0" * 5000 + "\n---\n正文。\n")
+    write(tmp_path / "t" / "tagged.md", "---\ntitle: !!int 1" + "0" * 5000 + "\n---\n正文。\n")
+    s = kindex.scan(tmp_path)
+    docs = {d.rel: d for d in s.documents}
 
-    assert doc.signals.title == "2020-01-01"
-    assert doc.signals.tags == ("yes", "no", "on", "1.5")
+    assert docs["t/x.md"].signals.title == "2020-01-01"
+    assert docs["t/x.md"].signals.tags == ("yes", "no", "on", "1.50", "0755", "12:30", ".inf")
+    assert docs["t/big.md"].signals.title == "1" + "0" * 198 + "…"
+    reasons = {w.path: w.reason for w in s.warnings}
+    assert reasons["t/tagged.md"] == "frontmatter holds a value that cannot be read: ignored, the body is indexed"
 
 
 def test_terminal_sequences_and_headings_of_invisible_characters_give_no_text(tmp_path: Path) -> None:
