@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -71,10 +71,13 @@ MAX_STARS = 8
 them (``{*,*/}{*,*/}{*,*/}/**/*/**/*b`` took 0.8 s, an 18-star one 31 s); eight keep every case tried under
 15 ms, and real globs use five at most (``src/**/components/**/*.{ts,tsx}``)."""
 _BRACE_LIMIT = 64
-MAX_COMPILED_EXPANSIONS = 4096
+MAX_COMPILED_EXPANSIONS = 16_384
 """Brace expansions one cache of compiled globs (a loaded index's: :func:`any_match`) compiles in all. Each costs
-about 0.4 ms (a 64-way glob 27 ms, and an entry may hold 16 of them): a KB whose entries held 1,600 such globs made
-its first question with a file path take 32 s. Past the budget, further globs match nothing."""
+up to 0.4 ms (a 64-way glob 27 ms, and an entry may hold 16 of them): a KB whose entries held 1,600 such globs made
+its first question with a file path take 32 s. Only globs whose literal start fits a path asked about are compiled
+(a monorepo's ``pkg0001/**/*.{ts,tsx}`` per package: one package's), so a real KB stays far below; past the
+budget, further globs match nothing and :attr:`Compiled.exhausted` says so."""
+_GLOB_SYNTAX = "*?[{\\"
 
 
 class Matcher:
@@ -177,8 +180,11 @@ class Compiled:
 
     def __init__(self, *, bounded: bool = True) -> None:
         self.matchers: dict[str, Matcher | None] = {}
+        self.starts: dict[str, tuple[str, bool]] = {}
         self.spent = 0
         self.bounded = bounded
+        self.exhausted = False
+        """A glob was left uncompiled for the budget: it matches nothing, though it might have."""
 
     def get(self, glob: str) -> Matcher | None:
         if glob in self.matchers:
@@ -188,8 +194,24 @@ class Compiled:
         if cost and (not self.bounded or self.spent + cost <= MAX_COMPILED_EXPANSIONS):
             self.spent += cost
             matcher = _compile.__wrapped__(glob)
+        elif cost:
+            self.exhausted = True
         self.matchers[glob] = matcher
         return matcher
+
+    def may_match(self, glob: str, paths: Sequence[str]) -> bool:
+        """Whether one of ``paths`` (normalised) starts as ``glob``'s literal start demands: of the whole path when
+        the glob holds a ``/``, else of the file name (a glob without ``/`` matches a name at any depth). Cheap, and
+        never false for a path the glob matches; a start with letters beyond ASCII is not compared (case rules)."""
+        start = self.starts.get(glob)
+        if start is None:
+            normal = normalize_path(glob)
+            cut = min((i for i in map(normal.find, _GLOB_SYNTAX) if i >= 0), default=len(normal))
+            start = self.starts[glob] = (normal[:cut].lower() if normal[:cut].isascii() else "", "/" in normal)
+        prefix, whole = start
+        if not prefix:
+            return True
+        return any((p if whole else p.rsplit("/", 1)[-1]).lower().startswith(prefix) for p in paths)
 
 
 def any_match(globs: Iterable[str], paths: Iterable[str], compiled: Compiled | None = None) -> str | None:
@@ -199,6 +221,8 @@ def any_match(globs: Iterable[str], paths: Iterable[str], compiled: Compiled | N
     if not usable:
         return None
     for glob in globs:
+        if compiled is not None and not compiled.may_match(glob, usable):
+            continue
         matcher = _compile(glob) if compiled is None else compiled.get(glob)
         if matcher is not None and any(matcher.match(p) for p in usable):
             return glob

@@ -46,7 +46,15 @@ from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGE
 from kindex.errors import UsageError
 from kindex.files import regular_file
 from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
-from kindex.globs import MAX_PATH_CHARS, MAX_PATH_SEGMENTS, Compiled, any_match, normalize_path, paths_in_text
+from kindex.globs import (
+    MAX_COMPILED_EXPANSIONS,
+    MAX_PATH_CHARS,
+    MAX_PATH_SEGMENTS,
+    Compiled,
+    any_match,
+    normalize_path,
+    paths_in_text,
+)
 from kindex.records import INDEX_FILE, doc_item_from
 from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_start, kb_folder, servable
@@ -1125,6 +1133,11 @@ class Retriever:
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
         warnings = loaded.warnings + _unservable(root, fallback_docs)
+        if loaded.matchers.exhausted:
+            warnings += (
+                f"the entries' paths globs hold more than {MAX_COMPILED_EXPANSIONS:,} brace expansions that fit the "
+                "paths asked about: the ones past that were not matched (use fewer or simpler globs)",
+            )
         if warnings:
             ctx = ctx.model_copy(update={"warnings": warnings})
         return ctx

@@ -126,6 +126,19 @@ def test_glob_entries_enter_only_with_a_matching_path(indexed: Path) -> None:
     )
 
 
+def test_globs_left_uncompiled_for_the_budget_are_said(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kindex import globs
+
+    ctx = kindex.build_context(indexed, "组件里的金额怎么显示", paths=["web/src/Money.tsx"])
+    assert ctx.items[0].path == "developer/前端组件编码规范.md" and not ctx.warnings
+    monkeypatch.setattr(globs, "MAX_COMPILED_EXPANSIONS", 0)
+    ctx = kindex.KnowledgeBase(indexed).context(  # a fresh handle: its own cache of compiled globs
+        "组件里的金额怎么显示", paths=["web/src/Money.tsx"]
+    )
+    assert ctx.items[0].path != "developer/前端组件编码规范.md"
+    assert any("were not matched (use fewer or simpler globs)" in w for w in ctx.warnings)
+
+
 def test_budget_is_respected_and_a_long_document_gives_its_head_and_matching_sections(indexed: Path) -> None:
     ctx = kindex.build_context(indexed, "赠送的会员时长能退款吗", budget_tokens=400, max_docs=3)
 

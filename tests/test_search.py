@@ -420,6 +420,15 @@ def test_a_glob_is_checked_without_compiling_it_and_an_index_compiles_a_bounded_
     # Past the budget a glob matches nothing, even one that would (its cost is not paid).
     assert globs.any_match(["{g,h,i,j,k}/*.md"], ["g/x.md"], cache) is None and cache.spent == 6
     assert globs.any_match(["{a,b}/*.md"], ["a/x.md"], cache) == "{a,b}/*.md"  # compiled before: still served
+    assert cache.exhausted
+    monkeypatch.undo()
+
+    # A monorepo's entries, one package each: only the globs whose literal start fits the path are compiled, so a
+    # budget sized for hostile globs never turns off a real KB's entries (1,500 packages: 4,500 expansions in all).
+    cache = globs.Compiled()
+    entries = [[f"pkg{i:04d}/**/*.{{ts,tsx}}", f"pkg{i:04d}/README.md"] for i in range(1500)]
+    found = [i for i, g in enumerate(entries) if globs.any_match(g, ["PKG1366/src/a.ts"], cache)]
+    assert found == [1366] and cache.spent == 2 and not cache.exhausted
 
 
 def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
