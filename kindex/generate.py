@@ -375,6 +375,8 @@ class _Runner:
         self._unreachable_in_a_row = 0
         self.indexed: set[str] = set()
         """Documents whose entries this step made from the scan's read (a failed one keeps an older entry)."""
+        self.kept_on_force: list[str] = []
+        """Items whose forced call failed and whose cached answer for the same prompt was used."""
 
     @property
     def sem(self) -> asyncio.Semaphore:
@@ -405,9 +407,16 @@ class _Runner:
 
     def _settle(self, settled: Callable[[str], bool]) -> None:
         """After an index file was written: the record of its stand-in entries (:func:`note_stand_ins`), which
-        ``validate`` reports. ``settled``: the labels (document paths, ``index.json``) that file's entries are for."""
+        ``validate`` reports. ``settled``: the labels (document paths, ``index.json``) that file's entries are for;
+        those of themes the scan no longer has go too (a theme renamed and renamed back must not bring back a
+        record its entries no longer match)."""
+        themes = self.scan.themes
+
+        def covered(label: str) -> bool:
+            return settled(label) or ("/" in label and label.split("/", 1)[0] not in themes)
+
         failed = {f.path: f.reason for f in self.report.failures if settled(f.path)}
-        note_stand_ins(self.scan.kb, settled, failed)
+        note_stand_ins(self.scan.kb, covered, failed)
 
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
@@ -446,6 +455,12 @@ class _Runner:
                         f"{exc.message}: the model stopped answering ({self._unreachable_in_a_row} calls in a row "
                         "could not connect); the answers so far are cached: run again when it is back"
                     ) from None
+                cached = self.cache.get(key) if self.opts.force else None
+                if cached is not None:
+                    # --force asked again and the call failed: the answer given before for this same prompt stands,
+                    # as it would without --force. The entry is an answer, not a stand-in: said, not failed.
+                    self.kept_on_force.append(f"{label} ({exc.message})")
+                    return Answer(cached)
                 self.report.failures.append(Failure(path=label, reason=exc.message, transient=exc.transient))
                 advice = _advice(exc.message, self.opts)
                 if advice and advice not in self.report.notes:
@@ -595,6 +610,12 @@ class _Runner:
         that document's work).
         """
         await body(self)
+        if self.kept_on_force:
+            kept = self.kept_on_force
+            shown = "; ".join(kept[:3]) + (f"; and {len(kept) - 3} more" if len(kept) > 3 else "")
+            self.report.notes.append(
+                f"{len(kept)} forced call(s) failed and kept the answer cached for the same text: {shown}"
+            )
         if self.generator.offline and self.report.written and len(self.cache):
             self.report.notes.append(
                 f"this KB holds {len(self.cache)} cached model answers, and this offline run wrote extractive entries "

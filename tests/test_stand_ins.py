@@ -121,3 +121,29 @@ def test_a_document_edited_and_then_failed_is_named_both_ways(sample_kb: Path, f
 
     problems = kindex.validate(sample_kb)
     assert [p.split(": ", 1)[1][:24] for p in problems] == ["changed since its entry ", "its entry is a stand-in "]
+
+
+def test_a_forced_call_that_fails_keeps_the_answer_cached_for_the_same_text(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    kindex.reindex(sample_kb, model(fake_llm))
+    before = (sample_kb / "sync" / "index.json").read_bytes()
+    fake_llm.script = failing("离线模式.md")
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm, retries=0), force=True))
+
+    assert report.failures == () and (sample_kb / "sync" / "index.json").read_bytes() == before
+    assert any(
+        n.startswith("1 forced call(s) failed and kept the answer cached for the same text: sync/离线模式.md")
+        for n in report.notes
+    )
+    assert kindex.validate(sample_kb) == []
+
+
+def test_a_theme_renamed_and_renamed_back_brings_back_no_record(sample_kb: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = failing("离线模式.md")
+    kindex.reindex(sample_kb, model(fake_llm))
+    fake_llm.script = well_behaved
+    (sample_kb / "sync").rename(sample_kb / "sync2")
+    kindex.sub(sample_kb, "sync2", model(fake_llm))  # the theme's documents, answered under its new name
+    (sample_kb / "sync2").rename(sample_kb / "sync")
+    kindex.root(sample_kb, model(fake_llm))
+
+    assert not [p for p in kindex.validate(sample_kb) if "stand-in" in p]
