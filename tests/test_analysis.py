@@ -146,6 +146,7 @@ def test_traditional_characters_are_read_as_simplified_ones() -> None:
     traditional, simple = analysis._T2S_FILE.read_text(encoding="utf-8").splitlines()
     assert len(traditional) == len(simple) == len(set(traditional)) > 4000
     assert all(t != s for t, s in zip(traditional, simple, strict=True))
+    assert not set(simple) & set(traditional)  # one pass reads as two: 薴 → 苎, not 苧 (itself mapped to 苎)
 
 
 def test_values_are_urls_addresses_and_words_mixing_letters_and_digits() -> None:

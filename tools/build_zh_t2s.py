@@ -42,6 +42,12 @@ def main() -> None:
             simple = ts.get(standard, [standard])
             if standard not in simple:
                 mapping[k] = simple[0]
+    # A target that is itself mapped (薴 → 苧 → 苎) is followed to its end: one pass reads the same as two.
+    for k in mapping:
+        seen = {k}
+        while mapping[k] in mapping and mapping[k] not in seen:
+            seen.add(mapping[k])
+            mapping[k] = mapping[mapping[k]]
     pairs = sorted((k, v) for k, v in mapping.items() if k != v)
     assert all(len(k) == len(v) == 1 for k, v in pairs)
     OUT.write_text("".join(k for k, _ in pairs) + "\n" + "".join(v for _, v in pairs) + "\n", encoding="utf-8")
