@@ -36,7 +36,7 @@ from kindex.errors import (
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
 from kindex.globs import Compiled, any_match, normalize_path
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
-from kindex.records import clean_globs, clean_tags, clean_text
+from kindex.records import INDEX_FILE, clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
 from kindex.store import STATE_DIR, atomic_write
 from kindex.version import __version__
@@ -247,6 +247,10 @@ def scan(
                 skipped.append(Skipped(path=_show(rel_dir + name), reason="folder name is not valid UTF-8"))
             elif name in links:
                 skipped.append(Skipped(path=rel_dir + name, reason="symlinked folder: not followed"))
+            elif name == INDEX_FILE and depth <= 1:
+                # Where kindex writes the root or a theme index: its documents could never get an entry.
+                reason = f"a folder named {INDEX_FILE} stands where kindex writes an index: rename it"
+                skipped.append(Skipped(path=_show(rel_dir + name), reason=reason))
             elif depth >= MAX_FOLDER_DEPTH:
                 reason = f"folder nested deeper than {MAX_FOLDER_DEPTH} levels: not scanned"
                 skipped.append(Skipped(path=_show(rel_dir + name), reason=reason))

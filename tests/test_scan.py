@@ -77,6 +77,18 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def test_a_folder_named_index_json_where_an_index_goes_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    # preview listed it as a theme, then reindex failed on it and validate advised a reindex that could not succeed.
+    write(tmp_path / "index.json" / "a.md", "# a")
+    write(tmp_path / "t" / "index.json" / "b.md", "# b")
+    write(tmp_path / "t" / "deeper" / "index.json" / "c.md", "# c")  # no index is written there: a document
+    s = kindex.scan(tmp_path)
+
+    reason = "a folder named index.json stands where kindex writes an index: rename it"
+    assert [(x.path, x.reason) for x in s.skipped] == [("index.json", reason), ("t/index.json", reason)]
+    assert [d.rel for d in s.documents] == ["t/deeper/index.json/c.md"]
+
+
 def test_dates_yes_no_and_numbers_in_frontmatter_are_the_text_written(tmp_path: Path) -> None:
     # YAML 1.1 reads them as dates, booleans and numbers: the title and the tags were silently dropped, 12:30 read
     # as 750, 0755 as 493; and a number of 5,000 digits crashed every command that scans (Python's digit limit).
