@@ -141,8 +141,11 @@ def test_traditional_characters_are_read_as_simplified_ones() -> None:
     assert analysis.analyze("啟動伺服器") == analysis.analyze("启动伺服器")  # Taiwan's form of 啓 too
     assert analysis.vocabulary(["企業採購"]) == {"企业采购"}
     assert analysis.normalize("發票 ＡＰＩ") == "发票 api"
-    # Characters simplified text also writes as they are (乾坤, 於是, 瞭望) stay: simplified documents keep their words.
-    assert analysis.simplified("乾坤於瞭") == "乾坤於瞭"
+    # Characters simplified text also writes as they are (乾坤, 瞭望, 覆盖) stay: simplified documents keep their words.
+    assert analysis.simplified("乾坤瞭覆") == "乾坤瞭覆"
+    # Taiwan's everyday forms that mainland text writes at most as variants are mapped (關於 is 关于); and the
+    # mainland's own variant 帐 meets 账, as Taiwan's 帳 does: 帳號, 帐号 and 账号 are one word.
+    assert analysis.simplified("關於什麽 帳號 帐号 記帳") == "关于什么 账号 账号 记账"
     traditional, simple = analysis._T2S_FILE.read_text(encoding="utf-8").splitlines()
     assert len(traditional) == len(simple) == len(set(traditional)) > 4000
     assert all(t != s for t, s in zip(traditional, simple, strict=True))

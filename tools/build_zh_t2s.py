@@ -5,9 +5,12 @@
 From OpenCC's character tables (Apache-2.0, https://github.com/BYVoid/OpenCC, as that package ships them):
 ``TSCharacters.txt`` (traditional → simplified, the first candidate), after ``TWVariantsRev.txt`` and
 ``HKVariantsRev.txt`` (the Taiwan and Hong Kong forms of a character → OpenCC's traditional one: 啟 → 啓 → 启).
-A character whose own form is among its candidates (乾 → 干 乾, 於 → 于 於, 瞭 → 瞭 了) is written in simplified text
-too, and is left as it is: mapping it would change simplified documents' words. Characters only, no phrases: a
-Taiwan word (軟體, 設定) reads as its characters' simplified forms (软体, 设定), not as the mainland word.
+A character whose own form is among its candidates (乾 → 干 乾, 瞭 → 瞭 了, 覆 → 覆 复) is written in simplified text
+too, and is left as it is: mapping it would change simplified documents' words; except the five that are Taiwan's
+and Hong Kong's everyday forms and a mainland variant at most (於, 麽, 徵, 夥, 剋: 關於, 什麽, 特徵, 夥伴). And one
+mainland variant is folded into the standard form: 帐 into 账 (帐号, 记帐 are written as often as 账号, 记账, and
+Taiwan's 帳號 reads 帐号), so either meets the other. Characters only, no phrases: a Taiwan word (軟體, 設定) reads
+as its characters' simplified forms (软体, 设定), not as the mainland word.
 
 The file: line 1 the traditional characters, line 2 the simplified ones, position for position.
 """
@@ -19,6 +22,8 @@ from pathlib import Path
 import opencc
 
 OUT = Path(__file__).resolve().parent.parent / "kindex" / "zh_t2s.txt"
+ALSO_MAPPED = frozenset("於麽徵夥剋")
+VARIANTS = {"帐": "账"}
 
 
 def _table(name: str) -> dict[str, list[str]]:
@@ -33,7 +38,8 @@ def _table(name: str) -> dict[str, list[str]]:
 
 def main() -> None:
     ts = _table("TSCharacters.txt")
-    mapping = {k: c[0] for k, c in ts.items() if k not in c}
+    mapping = {k: c[0] for k, c in ts.items() if k not in c or k in ALSO_MAPPED}
+    mapping.update(VARIANTS)
     for variants in ("TWVariantsRev.txt", "HKVariantsRev.txt"):
         for k, c in _table(variants).items():
             if k in c or k in ts:
