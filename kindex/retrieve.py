@@ -442,10 +442,7 @@ class _Scored:
         what "matched" says."""
         if not terms:
             return ()
-        if self._forms is None:
-            self._forms = surface_forms(self.message)
-            self._runs = traditional_runs(self.message)
-        forms = self._forms
+        forms = self._surface()
         for t in terms if self._runs else ():  # a question with traditional characters: their terms as written
             if t not in forms:
                 at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
@@ -501,9 +498,16 @@ class _Scored:
     def written(self, terms: Sequence[str]) -> dict[str, str]:
         """Each of ``terms`` whose word the question wrote otherwise (``polici``: ``policy``), that word
         normalised as analysis normalises text: what a document's text can be searched for."""
+        forms = self._surface()
+        return {t: normalize(f) for t in terms if (f := forms.get(t)) is not None}
+
+    def _surface(self) -> dict[str, str]:
+        """The question's Latin words as written, by term; and its runs in traditional characters, for :meth:`shown`
+        (worked out once, by whichever of :meth:`shown` and :meth:`written` comes first)."""
         if self._forms is None:
             self._forms = surface_forms(self.message)
-        return {t: normalize(f) for t in terms if (f := self._forms.get(t)) is not None}
+            self._runs = traditional_runs(self.message)
+        return self._forms
 
     def heaviest(self, terms: Sequence[str], k: int) -> list[str]:
         """Of ``terms`` (the question's), the ``k`` that weigh most in the question; ties in question order."""

@@ -173,8 +173,10 @@ def test_traditional_and_simplified_chinese_find_each_other(sample_kb: Path) -> 
         twin = question.translate(str.maketrans(traditional, simple))
         assert [h.path for h in kindex.search(sample_kb, question)] == [h.path for h in kindex.search(sample_kb, twin)]
         assert kindex.search(sample_kb, question)
-    # "matched" shows the words as the question wrote them.
+    # "matched" shows the words as the question wrote them, in a document cut to the budget too.
     assert kindex.search(sample_kb, "發票怎麼開")[0].matched == ("發票", "開")
+    cut = kindex.build_context(sample_kb, "發票抬頭打錯了可以重開嗎", budget_tokens=300, max_docs=1).items[0]
+    assert cut.truncated and cut.matched[:2] == ("發票", "抬頭")
     assert kindex.search(sample_kb, "发票怎么开")[0].matched == ("发票", "开")
 
 
