@@ -30,6 +30,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
     left a stand-in entry), as readable sentences; empty when all is well."""
     s = scan(kb)
     refuse_theme_folder(s.kb, reading=True)
+    kb_arg = shlex.quote(os.fspath(kb))  # the fixes name the folder as it was given: a command to paste
     problems: list[str] = []
     root = _load(root_index_path(s.kb), INDEX_FILE, problems)
     if root is not None:
@@ -45,8 +46,8 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
             elif t.get("index_file") != f"{t['dir']}/{INDEX_FILE}":
                 problems.append(f"{INDEX_FILE}: theme {t['dir']!r} has index_file {t.get('index_file')!r}")
         for name in sorted(set(s.themes) - set(dirs)):
-            problems.append(f"{INDEX_FILE}: theme {name!r} has no entry (run `kindex root KB`)")
-        problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs}, "kindex root KB")
+            problems.append(f"{INDEX_FILE}: theme {name!r} has no entry (run `kindex root {kb_arg}`)")
+        problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs}, f"kindex root {kb_arg}")
     for name, docs in s.themes.items():
         label = f"{name}/{INDEX_FILE}"
         index = _load(theme_index_path(s.kb, name), label, problems)
@@ -55,18 +56,18 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         if _list(index, "themes"):
             problems.append(f"{label}: 'themes' must be empty in a theme index")
         problems += _entries(index, label, "documents", "path")
-        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub KB {shlex.quote(name)}")
+        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub {kb_arg} {shlex.quote(name)}")
     changed = set(s.changed())
     stand_ins = read_stand_ins(s.kb)
     if root is not None and INDEX_FILE in stand_ins:
         problems.append(
             f"{INDEX_FILE}: its theme and root-document entries are stand-ins (previous or extractive ones): its "
-            f"model call failed ({stand_ins[INDEX_FILE]}); run `kindex root KB` to try again{_ACCEPT}"
+            f"model call failed ({stand_ins[INDEX_FILE]}); run `kindex root {kb_arg}` to try again{_ACCEPT}"
         )
     for d in s.documents:
-        fix = "kindex root KB" if d.theme is None else f"kindex doc KB {shlex.quote(d.rel)}"
+        fix = f"kindex root {kb_arg}" if d.theme is None else f"kindex doc {kb_arg} {shlex.quote(d.rel)}"
         if d.rel in changed:
-            problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex KB`)")
+            problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex {kb_arg}`)")
         if d.theme is not None and d.rel in stand_ins:
             problems.append(
                 f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "

@@ -86,7 +86,7 @@ def test_validate_lists_problems_and_exits_1(sample_kb: Path) -> None:
     assert code == 1
     assert "index.json: theme 'account' has no entry" in out
     assert "billing/index.json: not valid JSON" in out
-    assert "sync/index.json: scanned document '新增.md' has no entry (run `kindex sub KB sync`)" in out
+    assert f"sync/index.json: scanned document '新增.md' has no entry (run `kindex sub {sample_kb} sync`)" in out
     assert err == "kindex: 3 problem(s) found\n"
 
 
@@ -267,7 +267,8 @@ def test_validate_quotes_the_theme_in_the_command_it_suggests(tmp_path: Path) ->
     assert CliRunner().invoke(main, ["reindex", str(kb)]).exit_code == 0
     (kb / "my docs" / "b.md").write_text("# B\n\ntext\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["validate", str(kb)])
-    assert "my docs/index.json: scanned document 'b.md' has no entry (run `kindex sub KB 'my docs'`)" in result.stdout
+    said = f"my docs/index.json: scanned document 'b.md' has no entry (run `kindex sub {kb} 'my docs'`)"
+    assert said in result.stdout
 
 
 def test_doc_takes_the_path_as_search_prints_it(sample_kb: Path) -> None:

@@ -724,18 +724,19 @@ def test_validate_names_a_document_changed_since_its_entry_was_written(sample_kb
     refund, guide = sample_kb / "billing" / "退款政策.md", sample_kb / "导读.md"
     write(refund, refund.read_text(encoding="utf-8") + "\n\n## 新增的一节\n\n退款改为七天内到账。\n")
     os.utime(sample_kb / "billing" / "发票开具.md")  # touched, not changed: nothing to say
-    said = "billing/退款政策.md: changed since its entry was written (run `kindex doc KB 'billing/退款政策.md'`, or "
-    assert kindex.validate(sample_kb) == [said + "`kindex reindex KB`)"]
+    kb = str(sample_kb)  # the fixes name the folder as given: a command to paste
+    said = f"billing/退款政策.md: changed since its entry was written (run `kindex doc {kb} 'billing/退款政策.md'`, or "
+    assert kindex.validate(sample_kb) == [said + f"`kindex reindex {kb}`)"]
     kindex.root(sample_kb)  # a step that writes other entries does not make this one current
     kindex.doc(sample_kb, "account", "双重验证.md")
-    assert kindex.validate(sample_kb) == [said + "`kindex reindex KB`)"]
+    assert kindex.validate(sample_kb) == [said + f"`kindex reindex {kb}`)"]
     kindex.doc(sample_kb, "billing", "退款政策.md")
     assert kindex.validate(sample_kb) == []
 
     write(guide, guide.read_text(encoding="utf-8") + "\n\n新的一段。\n")
     kindex.sub(sample_kb, "billing")
     assert kindex.validate(sample_kb) == [
-        "导读.md: changed since its entry was written (run `kindex root KB`, or `kindex reindex KB`)"
+        f"导读.md: changed since its entry was written (run `kindex root {kb}`, or `kindex reindex {kb}`)"
     ]
     kindex.root(sample_kb)
     assert kindex.validate(sample_kb) == []

@@ -35,7 +35,10 @@ def test_a_failed_document_is_named_until_a_doc_step_writes_its_entry(sample_kb:
 
     problems = kindex.validate(sample_kb)
     assert [p.split(":", 1)[0] for p in problems] == ["billing/退款政策.md", "sync/离线模式.md"]
-    assert "InternalServerError" in problems[1] and "run `kindex doc KB 'sync/离线模式.md'` to try again" in problems[1]
+    assert (
+        "InternalServerError" in problems[1]
+        and f"run `kindex doc {sample_kb} 'sync/离线模式.md'` to try again" in problems[1]
+    )
     assert (sample_kb / RECORD).stat().st_mode & 0o777 == 0o600
 
     fake_llm.script = well_behaved
@@ -54,7 +57,7 @@ def test_a_failed_root_call_is_named_and_an_offline_step_accepts_its_stand_ins(
     kindex.reindex(sample_kb, model(fake_llm))
     [problem] = kindex.validate(sample_kb)
     assert problem.startswith("index.json: its theme and root-document entries are stand-ins")
-    assert "run `kindex root KB` to try again" in problem
+    assert f"run `kindex root {sample_kb}` to try again" in problem
 
     kindex.root(sample_kb)  # the offline generator: its extractive entries are what was asked for
     assert kindex.validate(sample_kb) == []
