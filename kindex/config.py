@@ -27,10 +27,11 @@ concurrency = 8
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,8 @@ class Effective:
 
     values: Mapping[str, Any]
     sources: Mapping[str, str]
+    problem: str | None = None
+    """Why ``kindex.toml`` was left out (see ``for_reading`` in :func:`resolve`); ``None`` when it was read."""
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -170,6 +173,11 @@ class Effective:
     def subset(self, section: str) -> dict[str, Any]:
         """The values of one section (``context``, ``index``, ``model``)."""
         return {s.name: self.values[s.name] for s in SETTINGS if s.section == section}
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name[:100], sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
@@ -204,13 +212,17 @@ def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
         names = {s.name for s in SETTINGS if s.section == section}
         if not names:
             known = ", ".join(sorted({f"[{s.section}]" for s in SETTINGS}))
-            raise InvalidFileError(f"{CONFIG_FILE}: unknown section [{section}] (known: {known})")
+            sections = {s.section for s in SETTINGS}
+            raise InvalidFileError(
+                f"{CONFIG_FILE}: unknown section [{section}]{_did_you_mean(section, sections)} (known: {known})"
+            )
         if not isinstance(table, dict):
             raise InvalidFileError(f"{CONFIG_FILE}: {section} must be a section ([{section}]), not a value")
         for key, raw in table.items():
             if key not in names:
                 raise InvalidFileError(
-                    f"{CONFIG_FILE}: [{section}] has no setting {key!r} (known: {', '.join(sorted(names))})"
+                    f"{CONFIG_FILE}: [{section}] has no setting {key!r}{_did_you_mean(key, names)} "
+                    f"(known: {', '.join(sorted(names))})"
                 )
             setting = BY_NAME[key]
             try:
@@ -223,15 +235,31 @@ def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
+LEFT_OUT = ": its settings were left out of this answer (fix the file)"
+"""What a broken ``kindex.toml`` costs an answer (:func:`resolve` with ``for_reading``), after the file's problem."""
+
+
 def resolve(
     kb: str | os.PathLike[str] | None,
     flags: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    for_reading: bool = False,
 ) -> Effective:
     """The settings in force: ``flags`` (``None`` values count as not given) > ``KINDEX_*`` environment >
-    ``<kb>/kindex.toml`` > defaults. ``kb=None`` skips the file (a server's settings for all its KBs)."""
+    ``<kb>/kindex.toml`` > defaults. ``kb=None`` skips the file (a server's settings for all its KBs).
+
+    ``for_reading``: for answering a question. A broken ``kindex.toml`` is then left out, the problem said in
+    :attr:`Effective.problem`, instead of failing: one typo in the file must not take every chat turn's knowledge
+    away. Steps (which the file's ``exclude`` and model settings steer) still refuse it."""
     env = os.environ if env is None else env
-    from_file = read_file(kb) if kb is not None else {}
+    problem = None
+    try:
+        from_file = read_file(kb) if kb is not None else {}
+    except InvalidFileError as exc:
+        if not for_reading:
+            raise
+        from_file, problem = {}, exc.message + LEFT_OUT
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in SETTINGS:
@@ -254,7 +282,7 @@ def resolve(
     unknown = set(flags or {}) - set(BY_NAME)
     if unknown:
         raise UsageError(f"unknown setting {sorted(unknown)[0]!r}")
-    return Effective(values, sources)
+    return Effective(values, sources, problem)
 
 
 def excluded(kb: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[str, ...]:

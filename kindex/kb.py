@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 from kindex import config, generate, skills
-from kindex.errors import KBNotFoundError, NotFoundError, UsageError
+from kindex.errors import InvalidFileError, KBNotFoundError, NotFoundError, UsageError
 from kindex.files import regular_file
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
@@ -77,10 +77,13 @@ class Settings:
         flags: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         client: LLMClient | None = None,
+        *,
+        for_reading: bool = False,
     ) -> Settings:
         """The settings in force for ``kb``: ``flags`` > ``KINDEX_*`` environment > ``kb/kindex.toml`` > defaults
-        (:func:`kindex.config.resolve`). ``client`` replaces the litellm adapter (``Options.client``)."""
-        eff = config.resolve(kb, flags, env)
+        (:func:`kindex.config.resolve`). ``client`` replaces the litellm adapter (``Options.client``).
+        ``for_reading``: a broken ``kindex.toml`` is left out instead of failing (for answering questions)."""
+        eff = config.resolve(kb, flags, env, for_reading=for_reading)
         llm = LLMSettings.from_settings(eff)
         return cls(
             generation=Options(llm=llm, client=client, concurrency=eff["concurrency"]),
@@ -136,6 +139,16 @@ class KnowledgeBase:
                 self._config_stamp = stamp
             return self._settings
 
+    def _for_reading(self) -> tuple[Settings, str | None]:
+        """The settings a question is answered with, and what to warn of: as :attr:`settings`, but a broken
+        ``kindex.toml`` is left out (and said) instead of failing the answer: one typo in the file took every chat
+        turn's knowledge away. Steps still refuse it."""
+        try:
+            return self.settings, None
+        except InvalidFileError as exc:  # only the file: flags were checked when the handle was made
+            settings = Settings.resolved(self.path, self._flags, client=self._client, for_reading=True)
+            return settings, exc.message + config.LEFT_OUT
+
     # -- retrieval ------------------------------------------------------------------------------------------------
 
     @property
@@ -161,7 +174,7 @@ class KnowledgeBase:
         Options left ``None`` come from the handle's settings. In a skill library the result also names each
         chosen skill with what it needs (skills, tools, MCP servers).
         """
-        s = self.settings
+        s, problem = self._for_reading()
         ctx = self.retriever.context(
             message,
             paths=paths,
@@ -170,6 +183,8 @@ class KnowledgeBase:
             fallback_docs=s.fallback_docs if fallback_docs is None else fallback_docs,
             min_relevance=s.min_relevance if min_relevance is None else min_relevance,
         )
+        if problem is not None:
+            ctx = ctx.model_copy(update={"warnings": (*ctx.warnings, problem)})
         return self._skills.attach(ctx) if self.retriever.skill_library else ctx
 
     def search(
@@ -189,7 +204,7 @@ class KnowledgeBase:
             limit=limit,
             themes=themes,
             explain=explain,
-            min_relevance=self.settings.min_relevance if min_relevance is None else min_relevance,
+            min_relevance=self._for_reading()[0].min_relevance if min_relevance is None else min_relevance,
         )
 
     # -- generation -----------------------------------------------------------------------------------------------

@@ -31,6 +31,26 @@ def test_flag_beats_environment_beats_file_beats_default(sample_kb: Path) -> Non
     assert (eff["retries"], eff.sources["retries"]) == (4, "default")
 
 
+def test_a_broken_file_is_left_out_of_answers_with_a_warning_but_steps_refuse_it(sample_kb: Path) -> None:
+    # One typo took every chat turn's knowledge away: context and search failed, on the CLI and over HTTP.
+    kindex.reindex(sample_kb)
+    write_config(sample_kb, '[context]\nfallback_doc = ["导读.md"]\n')
+    said = (
+        "kindex.toml: [context] has no setting 'fallback_doc' (did you mean 'fallback_docs'?) (known: budget_tokens, "
+        "fallback_docs, max_docs, min_relevance): its settings were left out of this answer (fix the file)"
+    )
+
+    ctx = kindex.build_context(sample_kb, "发票怎么开")
+    assert ctx.items[0].path == "billing/发票开具.md" and said in ctx.warnings
+    assert kindex.search(sample_kb, "发票怎么开")[0].path == "billing/发票开具.md"
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "发票怎么开", "--json"])
+    assert result.exit_code == 0 and said in orjson.loads(result.stdout)["warnings"]
+    result = CliRunner().invoke(main, ["search", str(sample_kb), "发票", "--json"])
+    assert result.exit_code == 0 and said in orjson.loads(result.stdout)["warnings"]
+    with pytest.raises(kindex.InvalidFileError, match="did you mean 'fallback_docs'"):
+        kindex.reindex(sample_kb)  # a step is steered by the file (exclude, model): it still refuses
+
+
 def test_a_file_saved_with_a_byte_order_mark_is_read(sample_kb: Path) -> None:
     # Notepad's UTF-8 has one; the file made every command of the KB fail, `context` included.
     write_config(sample_kb, "\ufeff[context]\nbudget_tokens = 900\n")
@@ -68,9 +88,9 @@ def test_kindex_config_prints_each_value_and_its_source(sample_kb: Path, monkeyp
 def test_a_broken_config_file_is_a_clear_error(sample_kb: Path, text: str, message: str) -> None:
     write_config(sample_kb, text)
 
-    result = CliRunner().invoke(main, ["context", str(sample_kb), "退款"])
-
-    assert result.exit_code == 1 and message in result.stderr and "kindex.toml" in result.stderr
+    for command in (["reindex", str(sample_kb)], ["config", str(sample_kb)]):  # answers leave it out, with a warning
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 1 and message in result.stderr and "kindex.toml" in result.stderr
 
 
 def test_the_context_command_takes_its_defaults_from_the_file(sample_kb: Path) -> None:

@@ -105,7 +105,7 @@ def context(
         raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
     # The retriever and the skill shelf alone, not the whole KB handle: a one-shot command loads only the read path.
     flags = {"budget_tokens": budget, "max_docs": max_docs, "min_relevance": min_relevance}
-    settings = resolve(kb, {**flags, "fallback_docs": fallback_docs or None})
+    settings = resolve(kb, {**flags, "fallback_docs": fallback_docs or None}, for_reading=True)
     retriever = Retriever(kb)
     ctx = retriever.context(
         message,
@@ -117,6 +117,8 @@ def context(
     )
     if retriever.skill_library:
         ctx = SkillShelf(kb).attach(ctx)
+    if settings.problem is not None:
+        ctx = ctx.model_copy(update={"warnings": (*ctx.warnings, settings.problem)})
     if as_json:
         click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:
@@ -161,10 +163,10 @@ def search(
       kindex search sample_kb "退款多久到账" --limit 3
       kindex search sample_kb "发票" --json | jq '.results[0].path'
     """
-    threshold = resolve(kb, {"min_relevance": min_relevance})["min_relevance"]
+    settings = resolve(kb, {"min_relevance": min_relevance}, for_reading=True)
     retriever = Retriever(kb)
-    results = retriever.search(question, paths=paths, limit=limit, min_relevance=threshold)
-    warnings = retriever.warnings()
+    results = retriever.search(question, paths=paths, limit=limit, min_relevance=settings["min_relevance"])
+    warnings = retriever.warnings() + (() if settings.problem is None else (settings.problem,))
     _note_warnings(warnings)
     if as_json:
         body = {"results": [r.to_dict() for r in results], "warnings": list(warnings)}
