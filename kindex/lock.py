@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -123,6 +124,11 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
         yield mine
     finally:
         held.pop(kb, None)
+        # The holder record goes before the lock: a run refused after this one ends must not be told of it (one
+        # refused between the next holder's lock and its record is told the holder is starting: see _holder).
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, InvalidFileError):
+            if orjson.loads(read_regular(state / HOLDER_FILE, 64 * 1024))["pid"] == os.getpid():
+                os.unlink(state / HOLDER_FILE)
         lock.release()
 
 
@@ -142,6 +148,18 @@ def _holder(state: Path) -> str:
     try:
         info = orjson.loads(read_regular(state / HOLDER_FILE, 64 * 1024))
         since = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
+        if info["host"] == socket.gethostname() and not _alive(int(info["pid"])):
+            return "a run that is just starting"  # the record is an ended run's, not yet replaced
         return f"`kindex {info['what']}`, pid {info['pid']} on {info['host']}, since {since}"
     except (OSError, ValueError, KeyError, TypeError, InvalidFileError):
-        return "holder unknown"
+        return "a run that is just starting" if not (state / HOLDER_FILE).exists() else "holder unknown"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process, or not a pid this system can test: assume it runs
+    return True

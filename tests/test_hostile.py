@@ -6,13 +6,17 @@ outside the KB. Grow this module with every bug found.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -572,14 +576,33 @@ def test_the_write_lock_is_taken_before_the_model_adapter_loads(
     assert held_when_loading == [True]  # a second writer is refused before seconds of litellm import
 
 
-def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Path) -> None:
-    # A watcher told to stop waited out another writer's step (up to its 300 s --wait) before it noticed.
+def test_a_refused_run_is_never_told_of_a_holder_that_has_ended(sample_kb: Path) -> None:
+    # A newcomer's 36 refusals named an ended run's pid 14 times: the next holder's record was not written yet.
+    from kindex.lock import HOLDER_FILE
+
+    holder = sample_kb / ".kindex" / HOLDER_FILE
+    kindex.reindex(sample_kb)
+    assert not holder.exists()  # the record goes with the lock
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(ended.stdout), "host": socket.gethostname(), "what": "sub", "since": time.time()}
+    # As between a new holder's lock and its record: the last record is an ended run's.
+    with (
+        _held_by_another(sample_kb, lambda: holder.write_bytes(orjson.dumps(record))),
+        pytest.raises(kindex.BusyError, match=r"\(a run that is just starting\)"),
+    ):
+        kindex.reindex(sample_kb)
+
+
+@contextlib.contextmanager
+def _held_by_another(kb: Path, then: Callable[[], object] = lambda: None) -> Iterator[None]:
+    """The KB's writer lock held by another thread (``then`` run once it holds it) while the block runs."""
     from kindex.lock import write_lock
 
     holding, release = threading.Event(), threading.Event()
 
     def other_writer() -> None:
-        with write_lock(sample_kb, "reindex"):
+        with write_lock(kb, "reindex"):
+            then()
             holding.set()
             release.wait(60)
 
@@ -587,6 +610,15 @@ def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Pat
     thread.start()
     try:
         assert holding.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Path) -> None:
+    # A watcher told to stop waited out another writer's step (up to its 300 s --wait) before it noticed.
+    with _held_by_another(sample_kb):
         cancel = threading.Event()
         threading.Timer(0.3, cancel.set).start()
         started = time.monotonic()
@@ -601,9 +633,6 @@ def test_a_wait_for_another_writer_ends_when_the_run_is_cancelled(sample_kb: Pat
         os.mkfifo(holder)
         with pytest.raises(kindex.BusyError, match=r"\(holder unknown\)"):
             kindex.reindex(sample_kb, options=kindex.Options(wait=0.1))
-    finally:
-        release.set()
-        thread.join(30)
     # Cancelled before the lock (during its scan) with no writer in the way: said as it was.
     with pytest.raises(kindex.CancelledRun, match=r"^the run was cancelled before it started; nothing was written"):
         kindex.reindex(sample_kb, options=kindex.Options(cancel=cancel))
