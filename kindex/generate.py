@@ -507,8 +507,7 @@ class _Runner:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)
             index = Index(themes=themes, documents=index.documents).sorted()
         self._write(root_index_path(s.kb), index)
-        # The root's own entries, and documents of themes that are gone.
-        self._settle(lambda label: "/" not in label or label.split("/", 1)[0] not in s.themes)
+        self._settle(lambda label: "/" not in label)  # the root's own entries (gone themes' go in _settle)
         self._drop_gone_themes(previous)
         self._tick("root", "index.json")
 

@@ -47,6 +47,9 @@ def test_a_broken_file_is_left_out_of_answers_with_a_warning_but_steps_refuse_it
     assert result.exit_code == 0 and said in orjson.loads(result.stdout)["warnings"]
     result = CliRunner().invoke(main, ["search", str(sample_kb), "发票", "--json"])
     assert result.exit_code == 0 and said in orjson.loads(result.stdout)["warnings"]
+    app = TestClient(create_app(sample_kb.parent), base_url="http://127.0.0.1")
+    answer = app.post(f"/v1/agents/{sample_kb.name}/knowledge/context", json={"message": "发票怎么开"})
+    assert answer.status_code == 200 and said in answer.json()["warnings"]  # it was 422 invalid_file
     with pytest.raises(kindex.InvalidFileError, match="did you mean 'fallback_docs'"):
         kindex.reindex(sample_kb)  # a step is steered by the file (exclude, model): it still refuses
 

@@ -417,6 +417,8 @@ def test_a_glob_is_checked_without_compiling_it_and_an_index_compiles_a_bounded_
     cache = globs.Compiled()
     assert globs.any_match(["{a,b}/*.md", "{c,d,e,f}/*.md"], ["d/x.md"], cache) == "{c,d,e,f}/*.md"
     assert cache.spent == 6
+    unbounded = globs.Compiled(bounded=False)  # the settings' exclude: never stops excluding
+    assert globs.any_match(["{g,h,i,j,k}/*.md"], ["g/x.md"], unbounded) == "{g,h,i,j,k}/*.md"
     # Past the budget a glob matches nothing, even one that would (its cost is not paid).
     assert globs.any_match(["{g,h,i,j,k}/*.md"], ["g/x.md"], cache) is None and cache.spent == 6
     assert globs.any_match(["{a,b}/*.md"], ["a/x.md"], cache) == "{a,b}/*.md"  # compiled before: still served
