@@ -45,7 +45,8 @@ DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
 _UNREADABLE = "cannot be read"
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-_FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*\r?$\n?", re.DOTALL | re.MULTILINE)
+# Any Markdown line ending, lone CR included (classic Mac files): CR-only frontmatter was read as body text.
+_FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.)[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 SCAN_FILE = "scan.json"
 _SCAN_FORMAT = 1

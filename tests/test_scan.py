@@ -77,6 +77,17 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+def test_frontmatter_is_read_whatever_the_line_endings(tmp_path: Path, eol: str) -> None:
+    # CR-only files (classic Mac) had their frontmatter indexed as body text: the summary read "title: … tags: …".
+    text = eol.join(["---", "title: 退款说明", "tags: [退款]", "---", "# 标题", "", "正文第一段。", ""])
+    write(tmp_path / "t" / "x.md", text.encode())
+    doc = kindex.scan(tmp_path).themes["t"][0]
+
+    assert (doc.signals.title, doc.signals.tags) == ("退款说明", ("退款",))
+    assert "title:" not in doc.excerpt and doc.excerpt.startswith("# 标题")
+
+
 def test_a_folder_named_index_json_where_an_index_goes_is_skipped_with_its_reason(tmp_path: Path) -> None:
     # preview listed it as a theme, then reindex failed on it and validate advised a reindex that could not succeed.
     write(tmp_path / "index.json" / "a.md", "# a")
