@@ -192,8 +192,13 @@ def read_file(kb: str | os.PathLike[str]) -> dict[str, Any]:
         st = real.stat()
     except (OSError, RuntimeError) as exc:  # dangling or looping symlink
         raise InvalidFileError(f"{CONFIG_FILE} cannot be read ({exc}): make it a regular file") from None
-    if not stat.S_ISREG(st.st_mode) or not real.is_relative_to(root.resolve()):
-        raise InvalidFileError(f"{CONFIG_FILE} must be a regular file inside the knowledge folder")
+    if not real.is_relative_to(root.resolve()):
+        raise InvalidFileError(f"{CONFIG_FILE} leads outside the knowledge folder: make it a regular file in it")
+    if not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise InvalidFileError(
+            f"{CONFIG_FILE} is {what}: kindex reads the KB's settings from a file of that name; rename or remove it"
+        )
     if st.st_size > MAX_CONFIG_BYTES:
         raise InvalidFileError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
     import tomllib  # with datetime and its regexes, ~8 ms that a KB without the file never pays

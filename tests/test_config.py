@@ -178,13 +178,19 @@ def test_a_config_file_that_is_not_a_regular_file_inside_the_kb_is_an_error(samp
     outside = tmp_path / "outside.toml"
     outside.write_text("[context]\nmax_docs = 2\n", encoding="utf-8")
     target = sample_kb / "kindex.toml"
-    for kind in ("folder", "symlink out", "dangling symlink"):
+    expected = {
+        "folder": "kindex.toml is a folder: kindex reads the KB's settings from a file of that name; rename or "
+        "remove it",
+        "symlink out": "kindex.toml leads outside the knowledge folder: make it a regular file in it",
+        "dangling symlink": "kindex.toml cannot be read (",
+    }
+    for kind, message in expected.items():
         if kind == "folder":
             target.mkdir()
         else:
             target.symlink_to(outside if kind == "symlink out" else tmp_path / "missing")
         result = CliRunner().invoke(main, ["config", str(sample_kb)])
-        assert result.exit_code == 1 and "kindex.toml" in result.stderr, kind
+        assert result.exit_code == 1 and f"Error: {message}" in result.stderr, (kind, result.stderr)
         if kind == "folder":
             target.rmdir()
         else:
