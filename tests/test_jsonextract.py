@@ -81,7 +81,22 @@ def test_any_object_embedded_in_text_is_recovered_exactly(
     obj: dict[str, Any], before: str, after: str, ascii_only: bool
 ) -> None:
     text = before + json.dumps(obj, ensure_ascii=ascii_only) + after
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = obj
+    if not isinstance(whole, dict):  # '"' + '{}' + '"' is a JSON string, '[' + '{}' + ']' a list: refused as such
+        with pytest.raises(AnswerError, match=f"the answer is a JSON {type(whole).__name__}, not an object"):
+            extract_object(text)
+        return
     assert extract_object(text) == obj
+
+
+@pytest.mark.parametrize("text", ['"{}"', "[{}]", ' "{}" '])
+def test_an_object_inside_a_whole_json_string_or_list_is_refused_not_searched(text: str) -> None:
+    # The property test above once drew before='"', after='"': that answer is a string, refused by design.
+    with pytest.raises(AnswerError, match="not an object"):
+        extract_object(text)
 
 
 def test_a_lone_surrogate_in_an_answer_costs_one_character_not_the_entry() -> None:
