@@ -416,7 +416,7 @@ class _Runner:
             return settled(label) or ("/" in label and label.split("/", 1)[0] not in themes)
 
         failed = {f.path: f.reason for f in self.report.failures if settled(f.path)}
-        note_stand_ins(self.scan.kb, covered, failed)
+        note_stand_ins(self.scan.kb, covered, failed, self.opts.llm.model or "")
 
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""

@@ -13,6 +13,7 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -29,6 +30,7 @@ STAND_INS_FILE = "stand_ins.json"
 _STAND_INS_FORMAT = 1
 _MAX_STAND_INS_BYTES = 16 * 2**20
 _MAX_REASON_CHARS = 300
+_MAX_MODEL_CHARS = 200
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
@@ -237,7 +239,15 @@ def write_index(path: Path, index: Index) -> bool:
     return True
 
 
-def read_stand_ins(kb: Path) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """An entry a step wrote as a stand-in: why its model call failed, and the model it asked ("" when unknown)."""
+
+    reason: str
+    model: str = ""
+
+
+def read_stand_ins(kb: Path) -> dict[str, StandIn]:
     """The entries steps wrote as stand-ins because their model call failed, each with the call's error: by
     document (its path in the KB), and ``index.json`` for the root index's own call (its theme and root-document
     entries). What ``validate`` reports until a step writes them from an answer. Empty when there is none, and when
@@ -252,27 +262,40 @@ def read_stand_ins(kb: Path) -> dict[str, str]:
         return {}
     if type(obj) is not dict or type(obj.get("format")) is not int or obj["format"] != _STAND_INS_FORMAT:
         return {}
-    entries = obj.get("entries")
-    if type(entries) is not dict:
+    entries, models = obj.get("entries"), obj.get("models", {})  # "models": added later, a file may lack it
+    if type(entries) is not dict or type(models) is not dict:
         return {}
     # Checked as written (see note_stand_ins): anyone who may write the KB may have written this file.
-    return {label: clean_text(reason, _MAX_REASON_CHARS) for label, reason in entries.items() if type(reason) is str}
+    return {
+        label: StandIn(
+            clean_text(reason, _MAX_REASON_CHARS),
+            clean_text(model, _MAX_MODEL_CHARS) if type(model := models.get(label)) is str else "",
+        )
+        for label, reason in entries.items()
+        if type(reason) is str
+    }
 
 
-def note_stand_ins(kb: Path, settled: Callable[[str], bool], failed: Mapping[str, str]) -> None:
+def note_stand_ins(kb: Path, settled: Callable[[str], bool], failed: Mapping[str, str], model: str = "") -> None:
     """Bring ``.kindex/stand_ins.json`` up to date after a step wrote an index file: every label that file's
     entries stand for (``settled``: a theme's documents, one document, the root) is forgotten, then those whose
-    call failed this time (``failed``: label → error) are remembered. Best effort, like the scan's memory: a KB
-    kindex cannot write to keeps its index, without this report."""
+    call failed this time (``failed``: label → error, asking ``model``) are remembered. Best effort, like the
+    scan's memory: a KB kindex cannot write to keeps its index, without this report."""
     old = read_stand_ins(kb)
-    new = {label: reason for label, reason in old.items() if not settled(label)}
-    new.update((label, clean_text(reason, _MAX_REASON_CHARS)) for label, reason in failed.items())
+    new = {label: entry for label, entry in old.items() if not settled(label)}
+    asked = clean_text(model, _MAX_MODEL_CHARS)
+    new.update((label, StandIn(clean_text(reason, _MAX_REASON_CHARS), asked)) for label, reason in failed.items())
     if new == old:
         return
     path = kb / STATE_DIR / STAND_INS_FILE
     with contextlib.suppress(KindexError, OSError):
         if new:
-            data = {"format": _STAND_INS_FORMAT, "entries": dict(sorted(new.items()))}
+            ordered = sorted(new.items())
+            data = {
+                "format": _STAND_INS_FORMAT,
+                "entries": {label: e.reason for label, e in ordered},
+                "models": {label: e.model for label, e in ordered if e.model},
+            }
             # The errors may quote a model's answer, which may quote a document: its owner's only, as the cache is.
             atomic_write(path, orjson.dumps(data, option=orjson.OPT_INDENT_2), mode=0o600)
         else:

@@ -19,9 +19,24 @@ import orjson
 from kindex.errors import KindexError
 from kindex.records import INDEX_FILE, schema_errors
 from kindex.scan import scan
-from kindex.store import index_bytes, read_stand_ins, refuse_theme_folder, root_index_path, theme_index_path
+from kindex.store import (
+    StandIn,
+    index_bytes,
+    read_stand_ins,
+    refuse_theme_folder,
+    root_index_path,
+    theme_index_path,
+)
 
 _ACCEPT = " (with `--model ''` an extractive entry is written and accepted)"
+
+
+def _retry(fix: str, entry: StandIn) -> str:
+    """The step that tries a stand-in's call again: with the model it asked, which a step run without one (no
+    ``--model``, ``KINDEX_MODEL`` or ``kindex.toml``) would not ask, writing and accepting an extractive entry."""
+    if not entry.model:
+        return f"run `{fix}` with the model it asked to try again{_ACCEPT}"
+    return f"run `{fix} --model {shlex.quote(entry.model)}` (and the --api-base it used, if any) to try again{_ACCEPT}"
 
 
 def validate(kb: str | os.PathLike[str]) -> list[str]:
@@ -32,7 +47,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
     refuse_theme_folder(s.kb, reading=True)
     kb_arg = shlex.quote(os.fspath(kb))  # the fixes name the folder as it was given: a command to paste
     problems: list[str] = []
-    root = _load(root_index_path(s.kb), INDEX_FILE, problems)
+    root = _load(root_index_path(s.kb), INDEX_FILE, problems, f"kindex reindex {kb_arg}")
     if root is not None:
         problems += _entries(root, INDEX_FILE, "themes", "dir")
         problems += _entries(root, INDEX_FILE, "documents", "path")
@@ -50,19 +65,21 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs}, f"kindex root {kb_arg}")
     for name, docs in s.themes.items():
         label = f"{name}/{INDEX_FILE}"
-        index = _load(theme_index_path(s.kb, name), label, problems)
+        step = f"kindex sub {kb_arg} {shlex.quote(name)}"
+        index = _load(theme_index_path(s.kb, name), label, problems, step)
         if index is None:
             continue
         if _list(index, "themes"):
             problems.append(f"{label}: 'themes' must be empty in a theme index")
         problems += _entries(index, label, "documents", "path")
-        problems += _coverage(index, label, {d.path_in_theme for d in docs}, f"kindex sub {kb_arg} {shlex.quote(name)}")
+        problems += _coverage(index, label, {d.path_in_theme for d in docs}, step)
     changed = set(s.changed())
     stand_ins = read_stand_ins(s.kb)
     if root is not None and INDEX_FILE in stand_ins:
+        entry = stand_ins[INDEX_FILE]
         problems.append(
             f"{INDEX_FILE}: its theme and root-document entries are stand-ins (previous or extractive ones): its "
-            f"model call failed ({stand_ins[INDEX_FILE]}); run `kindex root {kb_arg}` to try again{_ACCEPT}"
+            f"model call failed ({entry.reason}); {_retry(f'kindex root {kb_arg}', entry)}"
         )
     for d in s.documents:
         fix = f"kindex root {kb_arg}" if d.theme is None else f"kindex doc {kb_arg} {shlex.quote(d.rel)}"
@@ -71,16 +88,16 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         if d.theme is not None and d.rel in stand_ins:
             problems.append(
                 f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "
-                f"({stand_ins[d.rel]}); run `{fix}` to try again{_ACCEPT}"
+                f"({stand_ins[d.rel].reason}); {_retry(fix, stand_ins[d.rel])}"
             )
     return problems
 
 
-def _load(path: Any, label: str, problems: list[str]) -> dict[str, Any] | None:
+def _load(path: Any, label: str, problems: list[str], fix: str) -> dict[str, Any] | None:
     try:
         data = index_bytes(path)
     except (FileNotFoundError, NotADirectoryError):
-        problems.append(f"{label}: missing (run `kindex reindex`)")
+        problems.append(f"{label}: missing (run `{fix}`)")
         return None
     except (OSError, KindexError) as exc:
         reason = exc.message if isinstance(exc, KindexError) else exc.strerror or exc
@@ -121,7 +138,10 @@ def _coverage(obj: dict[str, Any], label: str, scanned: set[str], fix: str) -> l
         if n > 1:
             problems.append(f"{label}: document {path!r} has {n} entries")
         if path not in scanned:
-            problems.append(f"{label}: document {path!r} is not a scanned document here (run `{fix}`)")
+            problems.append(
+                f"{label}: document {path!r} is in the index but not in the folder (deleted, renamed, or skipped: "
+                f"`kindex preview` says why) (run `{fix}`)"
+            )
     for path in sorted(scanned - set(paths)):
         problems.append(f"{label}: scanned document {path!r} has no entry (run `{fix}`)")
     return problems

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -40,7 +41,10 @@ def assert_files_conform(kb: Path) -> None:
     scanned or read) and the next writer removes it.
     """
     for problem in kindex.validate(kb):
-        assert problem.endswith("missing (run `kindex reindex`)"), problem
+        assert re.fullmatch(
+            r"index\.json: missing \(run `kindex reindex \S+`\)|(\w+)/index\.json: missing \(run `kindex sub \S+ \1`\)",
+            problem,
+        ), problem
 
 
 def cached_answers(kb: Path) -> int:

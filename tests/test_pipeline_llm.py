@@ -441,7 +441,7 @@ def test_a_fatal_model_error_stops_the_run_and_writes_nothing(sample_kb: Path) -
     assert client.raised and len(client.calls) < 19  # the run stopped early
     # What was written before the error is whole; the themes whose documents failed have no index yet.
     problems = kindex.validate(sample_kb)
-    assert problems and all(p.endswith("missing (run `kindex reindex`)") for p in problems), problems
+    assert problems and all(p.endswith(f"missing (run `kindex sub {sample_kb} {p.split('/')[0]}`)") for p in problems)
     assert list(sample_kb.rglob("*.tmp")) == []
 
 

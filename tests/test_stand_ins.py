@@ -37,7 +37,9 @@ def test_a_failed_document_is_named_until_a_doc_step_writes_its_entry(sample_kb:
     assert [p.split(":", 1)[0] for p in problems] == ["billing/退款政策.md", "sync/离线模式.md"]
     assert (
         "InternalServerError" in problems[1]
-        and f"run `kindex doc {sample_kb} 'sync/离线模式.md'` to try again" in problems[1]
+        and f"run `kindex doc {sample_kb} 'sync/离线模式.md' --model openai/fake-model` (and the --api-base it "
+        "used, if any) to try again (with `--model ''` an extractive entry is written and accepted)"
+        in problems[1]
     )
     assert (sample_kb / RECORD).stat().st_mode & 0o777 == 0o600
 
@@ -57,7 +59,7 @@ def test_a_failed_root_call_is_named_and_an_offline_step_accepts_its_stand_ins(
     kindex.reindex(sample_kb, model(fake_llm))
     [problem] = kindex.validate(sample_kb)
     assert problem.startswith("index.json: its theme and root-document entries are stand-ins")
-    assert f"run `kindex root {sample_kb}` to try again" in problem
+    assert f"run `kindex root {sample_kb} --model openai/fake-model` (and the --api-base it used" in problem
 
     kindex.root(sample_kb)  # the offline generator: its extractive entries are what was asked for
     assert kindex.validate(sample_kb) == []
@@ -150,3 +152,33 @@ def test_a_theme_renamed_and_renamed_back_brings_back_no_record(sample_kb: Path,
     kindex.root(sample_kb, model(fake_llm))
 
     assert not [p for p in kindex.validate(sample_kb) if "stand-in" in p]
+
+
+def test_a_record_written_before_models_were_kept_still_names_its_stand_ins(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+    (sample_kb / RECORD).write_text(json.dumps({"format": 1, "entries": {"sync/离线模式.md": "timed out"}}))
+    [problem] = kindex.validate(sample_kb)
+    assert problem == (
+        "sync/离线模式.md: its entry is a stand-in (its previous or an extractive one): its model call failed (timed "
+        f"out); run `kindex doc {sample_kb} 'sync/离线模式.md'` with the model it asked to try again (with "
+        "`--model ''` an extractive entry is written and accepted)"
+    )
+
+
+def test_a_new_theme_and_a_deleted_document_are_named_with_the_steps_that_fix_them(sample_kb: Path) -> None:
+    # A newcomer was told `kindex reindex` (without the KB) for a new theme's index, and read "not a scanned
+    # document here" for a document they had deleted.
+    kindex.reindex(sample_kb)
+    (sample_kb / "reports").mkdir()
+    (sample_kb / "reports" / "月报.md").write_text("# 月报\n\n每月的报表。\n", encoding="utf-8")
+    (sample_kb / "sync" / "离线模式.md").unlink()
+    assert kindex.validate(sample_kb) == [
+        f"index.json: theme 'reports' has no entry (run `kindex root {sample_kb}`)",
+        f"reports/index.json: missing (run `kindex sub {sample_kb} reports`)",
+        "sync/index.json: document '离线模式.md' is in the index but not in the folder (deleted, renamed, or skipped: "
+        f"`kindex preview` says why) (run `kindex sub {sample_kb} sync`)",
+    ]
+    kindex.sub(sample_kb, "reports")
+    kindex.sub(sample_kb, "sync")
+    kindex.root(sample_kb)
+    assert kindex.validate(sample_kb) == []

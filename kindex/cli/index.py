@@ -211,8 +211,9 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
 def root(kb: str, **kw: Any) -> None:
     """Write only the root KB/index.json (root documents and one entry per theme).
 
-    After a theme folder is added, renamed or emptied. A theme folder left with no document loses the index.json
-    kindex wrote in it.
+    After a theme folder is added, renamed or emptied. A new or renamed theme needs its own index too: `kindex sub
+    KB DIR` (or `kindex reindex KB` for both). A theme folder left with no document loses the index.json kindex
+    wrote in it.
 
     \b
     Example:
