@@ -1150,6 +1150,17 @@ class Retriever:
         """What is wrong with the index the current tables came from (see :attr:`Context.warnings`)."""
         return self.loaded().warnings
 
+    def unservable(self, items: Sequence[ContextItem]) -> tuple[str, ...]:
+        """A warning for each listed document that cannot be read any more (deleted or renamed since the step that
+        indexed it): :meth:`search` ranks the index and reads no file, and a one-shot listing should not send its
+        reader to a file that is gone. A stat per document."""
+        return tuple(
+            f"{it.path} is in the index but not in the folder (deleted or renamed?): `kindex validate` names what "
+            "to run"
+            for it in items
+            if it.level == "document" and not servable(self.root, it.path)
+        )[:MAX_WARNINGS]
+
 
 def _unservable(root: Path, names: Sequence[str]) -> tuple[str, ...]:
     """A warning for each fallback document the caller chose that cannot serve, on every call: a misspelt name must

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -452,6 +453,18 @@ def test_context_cli_takes_threshold_fallback_and_stdin(indexed: Path) -> None:
     assert result.exit_code == 2 and "--message-file" in result.stderr
     result = runner.invoke(main, ["context", str(indexed / "导读.md"), "退款"])
     assert result.exit_code == 1 and "is not a folder" in result.stderr
+
+
+def test_search_says_when_a_listed_document_is_gone_from_the_folder(indexed: Path) -> None:
+    # A newcomer deleted a page and `kindex search` still listed it first, with no warning.
+    (indexed / "sync" / "离线模式.md").unlink()
+    result = CliRunner().invoke(main, ["search", str(indexed), "离线模式", "--limit", "2", "--json"])
+    body = orjson.loads(result.stdout)
+    assert body["results"][0]["path"] == "sync/离线模式.md"  # the index's ranking, as the library's
+    assert body["warnings"] == [
+        "sync/离线模式.md is in the index but not in the folder (deleted or renamed?): `kindex validate` names what "
+        "to run"
+    ]
 
 
 def test_matched_words_are_shown_as_the_question_wrote_them(indexed: Path) -> None:

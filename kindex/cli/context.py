@@ -167,6 +167,7 @@ def search(
     retriever = Retriever(kb)
     results = retriever.search(question, paths=paths, limit=limit, min_relevance=settings["min_relevance"])
     warnings = retriever.warnings() + (() if settings.problem is None else (settings.problem,))
+    warnings += retriever.unservable(results)
     _note_warnings(warnings)
     if as_json:
         body = {"results": [r.to_dict() for r in results], "warnings": list(warnings)}
