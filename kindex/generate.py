@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +48,7 @@ from kindex.generators import (
     root_messages,
 )
 from kindex.jsonextract import TRUNCATED
-from kindex.llm import TIMED_OUT, LLMClient, LLMSettings, check_model, import_litellm
+from kindex.llm import TIMED_OUT, LiteLLMClient, LLMClient, LLMSettings, check_model, import_litellm
 from kindex.lock import HeldLock, write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
@@ -328,10 +328,24 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
         completion += answer_tokens
     # A client of the caller's own is priced by no one here; litellm's model string is checked and priced.
     cost = _price(opts.llm, prompt, completion) if opts.client is None else None
-    return _plan(generator.name, calls, cached, prompt, completion, cost)
+    problems: list[str] = []
+    if calls and opts.client is None:
+        try:
+            LiteLLMClient(opts.llm).check_ready()
+        except ModelError as exc:  # a plan of calls that would not be sent says so (it priced them all the same)
+            problems.append(f"{exc.message}: a run would stop at its first call")
+    return _plan(generator.name, calls, cached, prompt, completion, cost, problems)
 
 
-def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion: int, cost: float | None) -> Plan:
+def _plan(
+    generator: str,
+    calls: list[str],
+    cached: int,
+    prompt: int,
+    completion: int,
+    cost: float | None,
+    problems: Sequence[str] = (),
+) -> Plan:
     return Plan(
         generator=generator,
         calls=len(calls),
@@ -340,6 +354,7 @@ def _plan(generator: str, calls: list[str], cached: int, prompt: int, completion
         estimated_prompt_tokens=prompt,
         estimated_completion_tokens=completion,
         estimated_cost=cost,
+        problems=tuple(problems),
     )
 
 
@@ -441,7 +456,8 @@ class _Runner:
                     # bad luck. Stopping here says so at once, instead of every document failing the same way.
                     self._fatal = True
                     check = (
-                        "check --api-base (KINDEX_API_BASE) and that the server is running"
+                        "check the API base (--api-base, KINDEX_API_BASE or [model] api_base in kindex.toml) and "
+                        "that the server is running"
                         if self.opts.llm.api_base
                         else "check this machine's network connection to the provider (or --api-base for a local or "
                         "proxy server)"

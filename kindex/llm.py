@@ -236,15 +236,20 @@ class LiteLLMClient:
             return "none"
         return "json_object" if "response_format" in params else "none"
 
+    def check_ready(self) -> None:
+        """Raise :class:`ModelError` when a call could not be sent: a model string litellm cannot read, a missing
+        key (named). What a dry run says a run would stop on; nothing is sent."""
+        self._load()
+        if not self._keys_checked:
+            self._api_key = self._check_keys()
+            self._keys_checked = True
+
     async def complete(
         self, messages: Sequence[Message], *, json_schema: Mapping[str, Any], max_tokens: int | None = None
     ) -> Completion:
-        self._load()
+        self.check_ready()  # before the first call, not at construction: a dry run needs no key
         lt = self._litellm
         s = self.settings
-        if not self._keys_checked:  # before the first call, not at construction: a dry run needs no key
-            self._api_key = self._check_keys()
-            self._keys_checked = True
         kwargs: dict[str, Any] = {
             "model": s.model,
             "messages": [dict(m) for m in messages],
@@ -287,7 +292,7 @@ class LiteLLMClient:
                 response = await asyncio.wait_for(lt.acompletion(**kwargs), timeout=s.timeout)
                 text = _answer_text(response)
             except fatal as exc:
-                raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}") from None
+                raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}{_fatal_hint(lt, exc)}") from None
             except (*retryable, _EmptyAnswer) as exc:
                 if attempt >= s.retries:
                     where = s.api_base or "the provider"
@@ -325,6 +330,13 @@ class LiteLLMClient:
             return min(after, MAX_RETRY_AFTER)
         base: float = self.settings.retry_base_delay * 2.0**attempt
         return min(base, 60.0) * (0.5 + random.random() / 2)  # full jitter keeps parallel retries apart
+
+
+def _fatal_hint(lt: Any, exc: BaseException) -> str:
+    """What to check after an error no retry mends: litellm's text names the provider's complaint, not the setting."""
+    if isinstance(exc, lt.NotFoundError):
+        return " (check the model name: litellm's provider/model string, e.g. openai/gpt-4o-mini)"
+    return " (check the API key: the provider's variable, e.g. OPENAI_API_KEY, and that it may use this model)"
 
 
 class _EmptyAnswer(ModelError):

@@ -122,6 +122,9 @@ class Plan(Result):
     estimated_prompt_tokens: int
     estimated_completion_tokens: int
     estimated_cost: float | None
+    problems: tuple[str, ...] = Field(
+        default=(), description="What would stop the run at its first call (a missing API key), when a call is due."
+    )
 
 
 class ContextItem(Result):

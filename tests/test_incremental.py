@@ -207,9 +207,19 @@ def test_dry_run_lists_the_calls_without_making_them(
     assert fake_client.calls == [] and fake_llm.requests == []  # a dry run calls no model, through any client
 
 
-def test_dry_run_prices_a_model_litellm_knows(sample_kb: Path) -> None:
+def test_dry_run_prices_a_model_litellm_knows(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     plan = kindex.dry_run(sample_kb, Options(llm=kindex.LLMSettings(model="gpt-4o-mini")))
-    assert plan.estimated_cost is not None and 0 < plan.estimated_cost < 0.1
+    assert plan.estimated_cost is not None and 0 < plan.estimated_cost < 0.1 and plan.problems == ()
+
+    # A newcomer's dry run without the key priced the calls and said nothing of a run that would stop at once.
+    monkeypatch.delenv("OPENAI_API_KEY")
+    result = CliRunner().invoke(main, ["reindex", str(sample_kb), "--model", "gpt-4o-mini", "--dry-run"])
+    assert result.exit_code == 0 and "about $" in result.stdout
+    assert result.stderr == (
+        "kindex: note: model 'gpt-4o-mini' needs OPENAI_API_KEY in the environment: set it (or use --api-base for a "
+        "local OpenAI-compatible server) and run again: a run would stop at its first call\n"
+    )
 
 
 @pytest.mark.parametrize("removed", ["the lock file", "the state folder"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,20 @@ def test_a_non_json_body_is_a_call_failure_not_a_crash(fake_llm: FakeLLM) -> Non
         complete(fake_llm, retries=1)
 
 
-def test_an_authentication_error_stops_the_run(sample_kb: Path, fake_llm: FakeLLM) -> None:
-    fake_llm.script = lambda r: Reply("invalid api key", status=401)
+@pytest.mark.parametrize(
+    ("status", "check"),
+    [
+        (401, "(check the API key: the provider's variable, e.g. OPENAI_API_KEY, and that it may use this model)"),
+        (404, "(check the model name: litellm's provider/model string, e.g. openai/gpt-4o-mini)"),
+    ],
+)
+def test_an_authentication_error_stops_the_run(sample_kb: Path, fake_llm: FakeLLM, status: int, check: str) -> None:
+    fake_llm.script = lambda r: Reply("invalid api key", status=status)
 
-    with pytest.raises(ModelError, match="cannot be used"):
+    with pytest.raises(ModelError, match="cannot be used") as raised:
         kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm), concurrency=2))
     assert len(fake_llm.requests) <= 2  # the calls already in flight; nothing is sent after the first refusal
+    assert raised.value.message.endswith(check)  # litellm's text names the complaint, not the setting to fix
 
 
 @pytest.mark.parametrize(
@@ -223,7 +232,8 @@ def test_a_run_whose_first_call_cannot_connect_stops_at_once(sample_kb: Path, mo
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again on leaving: nothing listens there
     settings = kindex.LLMSettings(model="openai/fake", api_base=f"http://127.0.0.1:{port}/v1", timeout=5.0, retries=0)
-    with pytest.raises(ModelError, match="no call of this run has reached the model; check --api-base") as raised:
+    check = "no call of this run has reached the model; check the API base (--api-base, KINDEX_API_BASE or [model]"
+    with pytest.raises(ModelError, match=re.escape(check)) as raised:
         kindex.reindex(sample_kb, Options(llm=settings))
     assert not isinstance(raised.value, kindex.GenerationFailed)
     assert not (sample_kb / "index.json").exists()

@@ -201,6 +201,8 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
         )
         for item in plan.items:
             click.echo(f"  call: {item}")
+        for problem in plan.problems:
+            click.echo(f"kindex: note: {problem}", err=True)
         return
     _step(kb, kw, lambda o: generate.reindex(kb, o))
 
