@@ -141,7 +141,7 @@ class ExtractiveGenerator:
 
     name = "extractive"
     offline = True
-    _VERSION = "extractive-9"  # bumped when the entries it writes change, so a reindex rewrites them
+    _VERSION = "extractive-10"  # bumped when the entries it writes change, so a reindex rewrites them
 
     def doc_key(self, doc: ScannedDoc) -> str:
         return _digest(self._VERSION, doc.rel, doc.sha256)

@@ -146,8 +146,40 @@ def heading_title(line: str) -> str | None:
     # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays
     # as written: it is still a heading.
     plain = title if "<" not in title and "](" not in title else without_link_targets(INLINE_TAG.sub("", title))
-    readable = " ".join(plain.split())
+    readable = " ".join(_without_inline_marks(plain).split())
     return readable or title or None
+
+
+def _without_inline_marks(title: str) -> str:
+    """``title`` without code-span backticks and emphasis asterisks: a reader sees "使用 TestClient", not
+    "使用 `TestClient`", and the extractive generator made tags and questions of the marked text (1,100 of 32,643
+    headings in the corpora hold a code span, 109 emphasis). One pass, no pattern to backtrack: a heading may be a
+    5 MB line. Underscores stay (``__init__``, ``response_model``); an odd number of backticks opens no span."""
+    if "`" not in title and "*" not in title:
+        return title
+    parts = title.split("`") if title.count("`") % 2 == 0 else [title]
+    for i in range(0, len(parts), 2):  # outside code spans: their text is literal
+        outside = parts[i].replace("**", "")
+        parts[i] = _without_emphasis(outside) if "*" in outside else outside
+    return "".join(parts)
+
+
+def _without_emphasis(text: str) -> str:
+    """``text`` without the asterisks of ``*emphasis*``: an opener followed by text, then a closer preceded by
+    text. Others are the text (``2 * 3``, ``C*``)."""
+    padded = f" {text} "
+    dropped: set[int] = set()
+    opener = -1
+    for j, c in enumerate(text):
+        if c != "*":
+            continue
+        before, after = padded[j], padded[j + 2]
+        if opener >= 0 and not before.isspace():
+            dropped.update((opener, j))
+            opener = -1
+        elif not after.isspace():
+            opener = j
+    return "".join(c for j, c in enumerate(text) if j not in dropped)
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")

@@ -302,6 +302,13 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("## [Django](https://www.djangoproject.com/)", "Django"),
         ("## 基于 [Nacos](https://nacos.io/x.html) 的服务发现", "基于 Nacos 的服务发现"),
         ("## ![logo](a.png) Array[int] 用法", "logo Array[int] 用法"),
+        # Code spans and emphasis: a newcomer found tags reading "使用 `TestClient`" and "**FastAPI** app 文件".
+        ("## 使用 `TestClient`", "使用 TestClient"),
+        ("## **FastAPI** app 文件", "FastAPI app 文件"),
+        ("### Include a *path operation* { #include }", "Include a path operation"),
+        ("## `__init__` 和 `a*b`", "__init__ 和 a*b"),  # a code span's text is literal
+        ("## 2 * 3 与 C*", "2 * 3 与 C*"),  # an asterisk between spaces, or alone, is text
+        ("## 一个 ` 和 **粗体**", "一个 ` 和 粗体"),  # one backtick opens no span
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
