@@ -51,7 +51,7 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 13
+ANALYZER_VERSION = 14
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
 characters read as simplified; 12: a mapped character's target is never mapped again (薴 → 苎); 13: 於, 麽, 徵, 夥, 剋
 mapped too, and 帐 read as 账."""
@@ -90,6 +90,7 @@ _ZH_STOP = frozenset(
     吗？ 呢？ 怎么办 怎么弄 咋办 咋弄 请 帮 帮我 给我 我想 我要 想问 问下 问一下 一下子 还有 另外 以后 之后 之前
     关于 起来 出来 上来 下来 过来 过去 进来 进去 回来 之间 今天 明天 昨天 最近 刚才 好 好的 行 对 嗯 哈哈 弄 搞
     拿 放 找 看 看看 写 改 加 叫 讲 聊 玩 吃 喝 能够 可否 是的 不行 一起 一共 总是 经常 有时 有时候
+    多久 多长 多长时间 何时 啥时候 几时 多大 多快 多远
     """.split()
 )
 _EN_STOP = frozenset(

@@ -43,6 +43,10 @@ def indexed(sample_kb: Path) -> Path:
         ("CO\u00adRS 退\u200b款", ["cor", "退款"]),
         ("C\u0336O\u0336R\u0336S\u0336", ["cor"]),
         ("C\u2066OR\u061cS\u2069 退\u0336款\u0336", ["cor", "退款"]),  # isolates, the Arabic mark, Chinese struck out
+        # Question words of time and size are no terms: "退款多久到账" ranked a page headed "同步需要多久" second.
+        ("退款多久到账", ["退款", "账"]),
+        ("同步要多长时间", ["同步"]),
+        ("何时生效，啥时候能用", ["生效"]),
     ],
 )
 def test_analysis_gives_words_not_fragments(text: str, terms: list[str]) -> None:
