@@ -411,9 +411,9 @@ def test_theme_indexes_that_cannot_be_read_are_named_in_every_answer(indexed: Pa
     (indexed / "sync" / "index.json").write_text("{not json", encoding="utf-8")
     kindex.kb.clear_cache()
 
-    ctx = kindex.build_context(indexed, "退款一般多久能到账")
+    ctx = kindex.build_context(indexed, "对公转账购买流程")
 
-    assert ctx.fallback  # the refund page's theme cannot be read: not silently "off topic"
+    assert ctx.fallback  # the payment page's theme cannot be read: not silently "off topic"
     assert ctx.warnings[:2] == (
         "billing/index.json cannot be read (missing): its documents are not searched until `kindex reindex` writes it",
         ctx.warnings[1],
