@@ -201,6 +201,9 @@ def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
     return tuple(out)
 
 
+_NO_DOCS: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+
+
 @dataclass(frozen=True, slots=True)
 class _Row:
     """What one term adds to every document holding it: computed from the seven fields' postings on the term's
@@ -224,9 +227,10 @@ class _Row:
     1 for a word specific to the KB and for every other term)."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
+    titled: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_DOCS)
+    """The documents whose entry's title holds the term, sorted (:func:`_titled`)."""
 
 
-_NO_DOCS = np.zeros(0, np.int32)
 _NO_VALUES = np.zeros(0, np.float32)
 _NO_ADDS = np.zeros(0, np.complex64)
 
@@ -436,6 +440,8 @@ class _Scored:
     """The (bounded) question, for :meth:`shown`."""
     _forms: dict[str, str] | None = None
     _runs: list[tuple[str, str]] = field(default_factory=list)
+    titled: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_DOCS)
+    """The documents whose title is the question (:func:`_titled`)."""
 
     def shown(self, terms: Sequence[str]) -> tuple[str, ...]:
         """``terms`` as the question wrote them (``CORS``, not its stem ``cor``; ``發票``, not ``发票``), each once:
@@ -726,7 +732,8 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
     adds = (gain * np.float32(rank) + 1j * (weight * cover)).astype(np.complex64)
-    row = _Row(docs, adds, cover, weight, rank, subj)
+    titled = next((d for name, (d, _) in hits if name == "title"), _NO_DOCS)
+    row = _Row(docs, adds, cover, weight, rank, subj, titled)
     loaded.rows[key] = row
     return row
 
@@ -752,6 +759,7 @@ def _score(
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
     per_term: list[_Term] = []
+    titles: list[npt.NDArray[np.int32]] = []
     for term in terms:
         row = _row(loaded, term)
         if len(row.docs) and term in identifiers:
@@ -776,10 +784,38 @@ def _score(
         weight = 0.0 if value or letter else row.weight
         total += weight
         per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
+        if len(terms) <= MAX_TITLE_TERMS:
+            titles.append(row.titled)
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
-    return _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
+    scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
+    scored.titled = _titled(loaded, titles)
+    return scored
+
+
+MAX_TITLE_TERMS = 8
+_TITLE = FIELDS.index("title")
+"""A question of more terms is no document's title (:func:`_titled`): the check is not made."""
+
+
+def _titled(loaded: _Loaded, titles: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
+    """The documents whose title is the question, word for word (its terms, no other: ``测试`` and the page titled
+    测试, ``配置限流`` and one titled 如何配置限流): a person typing a page's title asks for that page, however many
+    longer or shorter pages use the word more (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件).
+    ``titles``: per question term, the documents whose title holds it."""
+    if not titles or any(not len(t) for t in titles):
+        return _NO_DOCS
+    ordered = sorted(titles, key=len)
+    # A title holding every term of the question is the question when it holds no other (and none twice): the
+    # length test first, on the fewest documents, then each other term's sorted documents searched.
+    found: npt.NDArray[np.int32] = ordered[0][loaded.index.lengths[ordered[0], _TITLE] == len(titles)]
+    for docs in ordered[1:]:
+        if not len(found):
+            break
+        at = np.minimum(np.searchsorted(docs, found), len(docs) - 1)
+        found = found[docs[at] == found]
+    return found
 
 
 def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
@@ -915,6 +951,11 @@ def _rank(
         t_scores, _, _ = _theme_scores(loaded, scored)
         # The prior added to every document, then the candidates' picked: one gather of them, not three.
         final = (scored.scores + np.float32(THEME_PRIOR) * t_scores[loaded.theme_of])[candidates]
+        if len(scored.titled) and len(final):
+            # The page titled with the question ranks above every other (see :func:`_titled`), its score raised
+            # past theirs so that the listing stays in the order of its scores.
+            titled = np.isin(candidates, scored.titled, assume_unique=True)
+            final = np.where(titled, final + final.max(), final).astype(np.float32)
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
             keep = np.nonzero(final >= np.partition(final, len(final) - limit)[len(final) - limit])[0]
             candidates, final = candidates[keep], final[keep]

@@ -640,3 +640,23 @@ def test_a_doc_step_updates_the_anchors_of_the_pages_a_document_links_to(tmp_pat
         a, b = stepped.fields[name], whole.fields[name]
         assert (a.hashes == b.hashes).all() and sorted(a.docs) == sorted(b.docs), name
     assert (stepped.lengths == whole.lengths).all()
+
+
+def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
+    # FastAPI zh: `测试` ranked the page titled 测试 fifth, below shorter pages that use the word more (异步测试…).
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    (kb / "t" / "testing.md").write_text(
+        "# 测试\n\n" + "用客户端发请求，检查响应的状态码与内容是否符合预期。\n\n" * 30, encoding="utf-8"
+    )
+    (kb / "t" / "async.md").write_text("# 异步测试\n\n异步测试要用异步客户端，测试函数也是异步的。\n", encoding="utf-8")
+    (kb / "t" / "events.md").write_text("# 测试事件\n\n测试启动和关闭事件，每个测试都会触发它们。\n", encoding="utf-8")
+    (kb / "t" / "limits.md").write_text("# 如何配置限流\n\n" + "按路由设置每秒请求数。\n\n" * 20, encoding="utf-8")
+    (kb / "t" / "plugins.md").write_text("# 插件\n\n限流插件的配置，限流与配置限流规则。\n", encoding="utf-8")
+    kindex.reindex(kb)
+
+    ranked = [i.path for i in kindex.search(kb, "测试")]
+    assert ranked[0] == "t/testing.md" and set(ranked[1:]) == {"t/async.md", "t/events.md"}
+    hits = kindex.search(kb, "配置限流")  # its title's words, stop words aside (如何)
+    assert hits[0].path == "t/limits.md" and hits[0].score > hits[1].score  # listed in the order of its scores
+    assert next(i.path for i in kindex.search(kb, "异步测试")) == "t/async.md"
