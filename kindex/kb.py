@@ -28,7 +28,17 @@ from kindex.files import regular_file
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
 from kindex.records import INDEX_FILE
-from kindex.results import Context, ContextItem, ImportResult, Plan, Preview, RunReport, SkillHit, SyncResult
+from kindex.results import (
+    Context,
+    ContextItem,
+    ImportResult,
+    Plan,
+    Preview,
+    Ranking,
+    RunReport,
+    SkillHit,
+    SyncResult,
+)
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_FALLBACK_DOCS,
@@ -206,6 +216,19 @@ class KnowledgeBase:
             explain=explain,
             min_relevance=self._for_reading()[0].min_relevance if min_relevance is None else min_relevance,
         )
+
+    def ranking(
+        self, message: str, *, paths: Sequence[str] = (), limit: int = 10, min_relevance: float | None = None
+    ) -> Ranking:
+        """:meth:`search`'s entries with what a caller that does not hold the library should be told: whether the
+        question is off topic, and the warnings (a broken ``kindex.toml`` left out, an index file that cannot be
+        read, a listed document gone from the folder)."""
+        s, problem = self._for_reading()
+        retriever = self.retriever
+        relevance = s.min_relevance if min_relevance is None else min_relevance
+        results = retriever.search(message, paths=paths, limit=limit, min_relevance=relevance)
+        warnings = (*retriever.warnings(), *(() if problem is None else (problem,)), *retriever.unservable(results))
+        return Ranking(results=tuple(results), off_topic=not results, warnings=warnings)
 
     # -- generation -----------------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from kindex.hosts import loopback, token_refusal
 from kindex.kb import Handles, KnowledgeBase, agent_folder
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
-from kindex.results import ContextItem, SkillClosure, SkillHit
+from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
 from kindex.store import read_index_file
@@ -69,11 +69,6 @@ DEFAULT_READ_TOKENS = 4000
 
 class _Output(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class SearchOutput(_Output):
-    results: tuple[ContextItem, ...] = Field(description="Best first: path, title, abstract, score, matched words.")
-    off_topic: bool = Field(description="No document covers the question: the KB does not answer it.")
 
 
 class ContextSources(_Output):
@@ -222,11 +217,10 @@ def build_server(library: Library) -> MCPServer:
             tuple[str, ...], Field(description="Files the user is working on (for path-scoped entries).", max_length=50)
         ] = (),
         agent: Agent = "",
-    ) -> SearchOutput:
+    ) -> Ranking:
         """Rank the knowledge base's documents for a question, without their text: path, title, summary, score
         and the words that matched. Empty with off_topic=true when the KB does not cover the question."""
-        results = library.get(agent).search(question, paths=paths, limit=limit)
-        return SearchOutput(results=tuple(results), off_topic=not results)
+        return library.get(agent).ranking(question, paths=paths, limit=limit)
 
     @server.tool(title="Get the context for a message")
     @_tool_errors

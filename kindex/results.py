@@ -187,6 +187,18 @@ def context_item(
     return item
 
 
+class Ranking(Result):
+    """A search: the ranked entries without their text, whether the question is off topic for the KB, and what is
+    wrong with the index or the folder they came from (the same shape from the library, the CLI's ``--json``, the
+    HTTP service and the MCP server)."""
+
+    results: tuple[ContextItem, ...] = Field(description="Best first: path, title, abstract, score, matched words.")
+    off_topic: bool = Field(description="No document covers the question: the KB does not answer it.")
+    warnings: tuple[str, ...] = Field(
+        default=(), description="What is wrong with the index or the folder (a listed document deleted since)."
+    )
+
+
 class SkillClosure(Result):
     """A chosen skill and everything it needs, transitively: skills in load order, tools, MCP servers."""
 

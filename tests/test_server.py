@@ -105,6 +105,26 @@ def test_context_over_http_says_what_is_wrong_with_the_index(
     assert str(kb_root) not in orjson.dumps(body).decode()  # no server path reaches a tenant
 
 
+def test_search_over_http_lists_the_ranking_and_says_when_off_topic(app: FastAPI, kb_root: Path) -> None:
+    # A chat backend had only /context: the ranking the CLI, the library and MCP give was not reachable.
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    body = call(app, "POST", f"{BASE}/search", json={"question": "发票怎么开", "limit": 2}).json()
+    assert body["results"][0]["path"] == "billing/发票开具.md" and len(body["results"]) == 2
+    assert body["off_topic"] is False and body["warnings"] == []
+    assert body == kindex.KnowledgeBase(kb_root / "agent1").ranking("发票怎么开", limit=2).to_dict()
+
+    off = call(app, "POST", f"{BASE}/search", json={"question": "讲个笑话"}).json()
+    assert off == {"results": [], "off_topic": True, "warnings": []}
+
+    (kb_root / "agent1" / "billing" / "发票开具.md").unlink()
+    gone = call(app, "POST", f"{BASE}/search", json={"question": "发票怎么开", "limit": 1}).json()
+    assert gone["results"][0]["path"] == "billing/发票开具.md"
+    assert gone["warnings"] == [
+        "billing/发票开具.md is in the index but not in the folder (deleted or renamed?): `kindex validate` names "
+        "what to run"
+    ]
+
+
 def test_tasks_run_in_the_background_and_report_progress(app: FastAPI) -> None:
     r = call(app, "POST", f"{BASE}/reindex", params={"wait": "false"})
     assert r.status_code == 202 and r.headers["location"] == f"/v1/tasks/{r.json()['id']}"
@@ -171,6 +191,11 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
         ("POST", f"{BASE}/reindex?wiat=false", None, 422, "invalid_request"),  # ran and waited, unasked
         ("POST", f"{BASE}/context?budget_tokens=100", {"message": "x"}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "k" * 100_000: 1}, 422, "invalid_request"),
+        ("POST", f"{BASE}/search", {"message": "x"}, 422, "invalid_request"),  # /search asks a question
+        ("POST", f"{BASE}/search", {"question": "x", "limit": 0}, 422, "invalid_request"),
+        ("POST", f"{BASE}/search", {"question": "x", "limit": "5"}, 422, "invalid_request"),
+        ("POST", f"{BASE}/search", {"question": "x", "min_relevance": 2}, 422, "invalid_request"),
+        ("POST", "/v1/agents/nobody/knowledge/search", {"question": "x"}, 404, "kb_not_found"),
         ("GET", "/v1/nowhere", None, 404, "not_found"),
     ],
 )

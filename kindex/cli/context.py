@@ -11,6 +11,7 @@ import orjson
 
 from kindex.cli.options import json_opt, kb_arg
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
+from kindex.results import Ranking
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
@@ -170,8 +171,8 @@ def search(
     warnings += retriever.unservable(results)
     _note_warnings(warnings)
     if as_json:
-        body = {"results": [r.to_dict() for r in results], "warnings": list(warnings)}
-        click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+        ranking = Ranking(results=tuple(results), off_topic=not results, warnings=warnings)
+        click.echo(orjson.dumps(ranking.to_dict(), option=orjson.OPT_INDENT_2).decode())
         return
     if not results:
         click.echo("kindex: no document matches: the question is off topic for this KB", err=True)

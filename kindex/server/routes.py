@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from kindex.errors import IndexMissingError, InvalidFileError, NotAThemeError, NotFoundError, status_of
 from kindex.kb import KnowledgeBase, Step, check_agent_id
 from kindex.records import INDEX_FILE, Index
-from kindex.results import Context, ImportResult, Preview, RunReport, SkillHit, TaskModel
+from kindex.results import Context, ImportResult, Preview, Ranking, RunReport, SkillHit, TaskModel
 from kindex.scan import scan
 from kindex.server.errors import for_http
 from kindex.server.schemas import (
@@ -23,6 +23,7 @@ from kindex.server.schemas import (
     DocRequest,
     FindRequest,
     HealthModel,
+    SearchRequest,
     SubRequest,
     SyncRequest,
     WatchModel,
@@ -118,6 +119,18 @@ async def context(agent_id: str, body: ContextRequest, request: Request) -> Resp
             fallback_docs=body.fallback_docs,
         )
     return Response(ctx.model_dump_json(), media_type=_JSON)
+
+
+@knowledge.post("/search", response_model=Ranking, summary="The ranking for a question, without the text")
+async def search(agent_id: str, body: SearchRequest, request: Request) -> Response:
+    # As /context: off the event loop, one agent's flood behind its own gate.
+    state = server_state(request)
+    kb = state.handle(agent_id)
+    async with state.gate(agent_id):
+        ranking = await run_in_threadpool(
+            kb.ranking, body.question, paths=body.paths, limit=body.limit, min_relevance=body.min_relevance
+        )
+    return Response(ranking.model_dump_json(), media_type=_JSON)
 
 
 @knowledge.get("/index", response_model=Index, summary="The root index")

@@ -17,6 +17,8 @@ from kindex.retrieve import (
     MAX_PATHS,
 )
 
+MAX_SEARCH_LIMIT = 200
+"""As ``kindex search --limit``."""
 # A misspelt field ("budget_token") is refused with its name, not silently ignored for the default.
 _BODY = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,6 +40,23 @@ class DocRequest(BaseModel):
         default=False,
         strict=True,  # it drops the theme's other entries: only JSON true does, never "yes", 1 or "false"
         description="Start `dir/index.json` afresh (the theme's first document).",
+    )
+
+
+class SearchRequest(BaseModel):
+    model_config = _BODY
+    question: str = Field(max_length=MAX_MESSAGE_CHARS, description="What the user asks, in their words.")
+    paths: list[str] = Field(
+        default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
+    )
+    limit: int = Field(default=10, strict=True, ge=1, le=MAX_SEARCH_LIMIT, description="Entries to list.")
+    min_relevance: float | None = Field(
+        default=None,
+        strict=True,
+        allow_inf_nan=False,
+        ge=0.0,
+        le=1.0,
+        description=f"As for /context. Default: the agent's setting (else {DEFAULT_MIN_RELEVANCE}).",
     )
 
 
