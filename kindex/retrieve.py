@@ -1274,6 +1274,8 @@ def _overview_text(loaded: _Loaded) -> str:
     for d in loaded.index.docs:
         if d.theme is None:
             lines.append(f"- {d.entry['title'] or d.path} ({d.path}): {d.entry['summary']}".rstrip(": "))
+    if len(lines) == 2:  # a KB whose folder holds no document yet: say so, not a heading over nothing
+        return "This knowledge base holds no documents yet."
     return "\n".join(lines)
 
 

@@ -63,7 +63,8 @@ def test_usage_errors_with_json_still_answer_json_on_stdout(sample_kb: Path, arg
 def test_preview_human_and_json(sample_kb: Path) -> None:
     code, out, _ = run("preview", str(sample_kb))
     assert code == 0
-    assert "steps: 1 root + 18 documents = 19" in out and "  billing/  6 documents" in out
+    assert "steps: 1 root (its themes and 3 root documents) + 18 theme documents = 19" in out
+    assert "  billing/  6 documents" in out
 
     code, out, _ = run("preview", str(sample_kb), "--json")
     data = json.loads(out)

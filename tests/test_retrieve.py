@@ -1254,3 +1254,10 @@ def test_a_call_during_a_first_offline_reindex_waits_for_it(sample_kb: Path, bui
     kindex.reindex(sample_kb, kindex.Options(on_progress=ask_once))
     calls[0].join(30)
     assert built == [] and answers[0].warnings == () and answers[0].items[0].path == "billing/退款政策.md"
+
+
+def test_an_empty_kb_says_it_holds_no_documents_yet(tmp_path: Path) -> None:
+    # A newcomer's empty KB answered "This knowledge base holds:" and nothing after it.
+    kindex.reindex(tmp_path)
+    ctx = kindex.build_context(tmp_path, "你好")
+    assert ctx.fallback and ctx.text.endswith("This knowledge base holds no documents yet.")

@@ -303,7 +303,10 @@ def preview(kb: str, as_json: bool, model: str | None) -> None:
     click.echo(f"themes ({len(d['top_dirs'])}):")
     for name, docs in d["top_dir_docs"].items():
         click.echo(f"  {name}/  {len(docs)} document{'' if len(docs) == 1 else 's'}")
-    click.echo(f"steps: 1 root + {p.steps_total - 1} documents = {p.steps_total}")
+    click.echo(
+        f"steps: 1 root (its themes and {len(d['root_docs'])} root documents) + {p.steps_total - 1} theme documents "
+        f"= {p.steps_total}"
+    )
     gen = f"model {p.model}" if p.llm_configured else "extractive (offline, no model configured)"
     click.echo(f"generator: {gen}")
     est = d["estimated_tokens"]
