@@ -106,9 +106,17 @@ def _first_object_parsed_from_a_brace(text: str) -> dict[str, Any] | None:
             pass
         else:
             if isinstance(obj, dict):
-                return obj
+                return _without_surrogates(obj)
         start = text.find("{", start + 1)
     return None
+
+
+def _without_surrogates(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with each lone surrogate its escapes decoded to (``"\\ud83d"``, half an emoji, which this parser
+    takes and orjson refuses) made a ``?``: no UTF-8 encodes one, and the answer cache could not store the entry."""
+    dumped = json.dumps(obj, ensure_ascii=False)
+    cleaned = _encodable(dumped)
+    return obj if cleaned is dumped else dict(orjson.loads(cleaned))
 
 
 def _encodable(text: str) -> str:

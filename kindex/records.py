@@ -37,10 +37,12 @@ _SPACE = re.compile(r"\s+")
 # Unicode category Cc (C0 and C1 controls) except the white space that _SPACE folds, and the invisible format
 # characters that hide or reorder text (zero-width space, direction marks, embeddings and overrides, isolates, word
 # joiner, BOM): an entry shown to an agent or a person reads as what it says. The joiners U+200C/U+200D stay:
-# scripts and emoji are written with them.
+# scripts and emoji are written with them. And lone surrogates (half an emoji, from a frontmatter's "\ud83d" escape
+# or a model's answer): no UTF-8 encodes them, and one in a title stopped every step of its KB.
 _CONTROL = re.compile(
-    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\ud800-\udfff]"
 )
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 # A terminal's colour and cursor sequences (ESC [ parameters, intermediates, a final byte): their ESC alone dropped
 # left "[31mred[0m" in a summary. Disjoint classes in a row: one pass, no backtracking.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
@@ -111,7 +113,13 @@ def _clean_glob(item: object) -> str:
     if not isinstance(item, str):
         return ""
     glob = normalize_path(item)
-    if len(glob) > GLOB_MAX or "\x00" in glob or ".." in glob.split("/") or not usable_glob(glob):
+    if (
+        len(glob) > GLOB_MAX
+        or "\x00" in glob
+        or _SURROGATE.search(glob)
+        or ".." in glob.split("/")
+        or not usable_glob(glob)
+    ):
         return ""
     return glob
 

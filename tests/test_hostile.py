@@ -28,11 +28,13 @@ from click.testing import CliRunner
 import kindex
 import kindex.kb
 import kindex.retrieve
-from kindex import searchindex
+from kindex import Options, searchindex
 from kindex.cli import main
 from kindex.fitting import cut_to_budget
 from kindex.markdown import headings
 from kindex.tokenize import estimate_tokens
+from tests.conftest import llm_settings
+from tests.fakellm import FakeLLM, Reply, is_root, well_behaved
 
 
 @pytest.fixture
@@ -834,3 +836,33 @@ def test_a_root_path_inside_another_is_taken_out_whole(tmp_path: Path) -> None:
     assert without_root(message, tmp_path / "l") == (
         "agent1/.kindex/answers.sqlite is not a regular file; the agents' folder is the root"
     )
+
+
+def test_half_an_emoji_in_frontmatter_or_an_answer_costs_that_character_not_the_kb(
+    sample_kb: Path, fake_llm: FakeLLM
+) -> None:
+    # A frontmatter's "\ud83d" escape (half an emoji) stopped every step of its KB with a traceback, the offline
+    # generator's included; the same escape in a model's answer stopped the run instead of costing one character.
+    (sample_kb / "billing" / "emoji.md").write_text(
+        '---\ntitle: "发票 \\ud83d"\ntags: ["\\ud800", "票据"]\npaths: ["\\ud800/*.tsx"]\n---\n# 发票\n\n正文。\n',
+        encoding="utf-8",
+    )
+    kindex.reindex(sample_kb)
+    [entry] = [
+        d
+        for d in kindex.parse_index((sample_kb / "billing" / "index.json").read_bytes())[0].documents
+        if d.path == "emoji.md"
+    ]
+    assert (entry.title, entry.tags, entry.paths) == ("发票", ("票据",), ())
+    assert kindex.validate(sample_kb) == []
+
+    def answer(request: dict[str, Any]) -> Reply:
+        if is_root(request):
+            return well_behaved(request)
+        return Reply('{"title": "退款 \\ud83d", "summary": "关于退款的说明。", "tags": ["退款", "\\udc00"]}')
+
+    fake_llm.script = answer
+    report = kindex.reindex(sample_kb, Options(llm=llm_settings(fake_llm), force=True))
+    assert report.failures == () and kindex.validate(sample_kb) == []
+    refund = kindex.parse_index((sample_kb / "billing" / "index.json").read_bytes())[0].documents[0]
+    assert (refund.title, refund.tags) == ("退款 ?", ("退款", "?"))  # as jsonextract makes any lone surrogate
