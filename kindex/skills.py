@@ -28,6 +28,7 @@ import orjson
 
 from kindex import generate
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError, SkillError, UsageError
+from kindex.files import read_regular
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE
 from kindex.results import ImportResult, RunReport, SkillHit, SyncResult
@@ -48,6 +49,8 @@ from kindex.store import STATE_DIR, atomic_write, index_bytes
 
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
+MAX_MANIFEST_BYTES = 16 * 2**20
+"""A sync manifest lists names and 16-character versions: 10,000 skills take under 1 MB; a 10 GB one took 19 GB."""
 DEFAULT_MAX_ZIP_FILES = 2000
 MAX_ZIP_DEPTH = 32
 """Folders deep a package member may lie: deeper is no skill package (and would exhaust path limits)."""
@@ -352,8 +355,18 @@ def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[s
             archive.writestr(info, path.read_bytes())
     data = buf.getvalue()
     if out is not None:
-        atomic_write(Path(out).resolve(), data)
+        atomic_write(_written_outside(out, {"library": Path(kb)}), data)
     return data
+
+
+def _written_outside(out: str | os.PathLike[str], folders: Mapping[str, str | os.PathLike[str] | None]) -> Path:
+    """``out`` resolved, or :class:`SkillError` when it lies in one of ``folders`` (a library, a workspace): a ZIP
+    written there replaced the file of that name (``-o lib/pdf-tools/SKILL.md``, ``--zip lib/index.json``)."""
+    target = Path(out).resolve()
+    for what, folder in folders.items():
+        if folder is not None and target.is_relative_to(Path(folder).resolve()):
+            raise SkillError(f"{out} is inside the {what} {folder}: write the ZIP elsewhere")
+    return target
 
 
 def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Options | None = None) -> None:
@@ -391,7 +404,9 @@ def _manifest_versions(manifest: object) -> dict[str, str]:
         isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("version"), str) for e in entries
     ):
         raise SkillError("the sync manifest is malformed: expected {'skills': [{'name', 'version'}, …]}")
-    return {e["name"]: e["version"] for e in entries}
+    # A name no skill can have (``../victim``, ``/tmp/x``) is no skill of the library: not "removed" back to a client
+    # that might delete what it names.
+    return {e["name"]: e["version"] for e in entries if NAME.fullmatch(e["name"])}
 
 
 def sync_skills(
@@ -422,9 +437,12 @@ def sync_skills(
         raise SkillError(f"the workspace {dest} is the library {src}, or inside it, or holds it: sync elsewhere")
     if previous is None and dest_root is not None and (dest_root / MANIFEST).exists():
         try:
-            previous = orjson.loads((dest_root / MANIFEST).read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise SkillError(f"{MANIFEST} in the destination is unreadable ({exc}): remove it to sync afresh") from None
+            previous = orjson.loads(read_regular(dest_root / MANIFEST, MAX_MANIFEST_BYTES))  # bounded: its error says
+        except (OSError, orjson.JSONDecodeError, KindexError) as exc:
+            reason = exc.message if isinstance(exc, KindexError) else exc
+            raise SkillError(
+                f"{MANIFEST} in the destination is unreadable ({reason}): remove it to sync afresh"
+            ) from None
     before = _manifest_versions(previous)
     versions = {name: skill_version(src_root / skills[name].folder) for name in selected}
     changed = [n for n in selected if before.get(n) != versions[n] or (dest_root and not (dest_root / n).is_dir())]
@@ -441,7 +459,7 @@ def sync_skills(
                 for rel, path in package_files(src_root / skills[name].folder):
                     archive.writestr(f"{name}/{rel}", path.read_bytes())
             archive.writestr(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-        atomic_write(Path(zip_out).resolve(), buf.getvalue())
+        atomic_write(_written_outside(zip_out, {"library": src_root, "workspace": dest_root}), buf.getvalue())
     if dest_root is not None:
         dest_root.mkdir(parents=True, exist_ok=True)
         for name in changed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import stat
 import warnings
@@ -456,6 +457,38 @@ def test_sync_onto_the_library_itself_is_refused(library: Path) -> None:
         with pytest.raises(kindex.SkillError, match=r"is the library .*, or inside it, or holds it"):
             skills.sync_skills(library, dest)
     assert (library / "data-services" / ".env").exists() and kindex.validate(library) == []
+
+
+def test_a_zip_is_never_written_over_a_file_of_the_library_or_the_workspace(library: Path, tmp_path: Path) -> None:
+    # `skills export -o lib/pdf-tools/SKILL.md` and `sync --zip lib/index.json` replaced those files with a ZIP.
+    before = {p: p.read_bytes() for p in library.rglob("*") if p.is_file() and ".kindex" not in p.parts}
+    for out in (library / "pdf-tools" / "SKILL.md", library / "index.json", library / "new.zip"):
+        with pytest.raises(kindex.SkillError, match=rf"^{re.escape(str(out))} is inside the library .*: write the ZIP"):
+            skills.export_skill(library, "pdf-tools", out)
+        with pytest.raises(kindex.SkillError, match="is inside the library"):
+            skills.sync_skills(library, None, zip_out=out)
+    ws = tmp_path / "ws"
+    skills.sync_skills(library, ws)
+    with pytest.raises(kindex.SkillError, match="is inside the workspace"):
+        skills.sync_skills(library, ws, zip_out=ws / "pdf-tools" / "SKILL.md")
+    assert {p: p.read_bytes() for p in library.rglob("*") if p.is_file() and ".kindex" not in p.parts} == before
+
+
+def test_a_sync_manifest_names_only_skills_and_is_bounded(
+    library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Names no skill can have were reported "removed" back to a client that might delete what they name; a 10 GB
+    # manifest took 19 GB of memory.
+    ws = tmp_path / "ws"
+    skills.sync_skills(library, ws)
+    manifest = orjson.loads((ws / ".sync-manifest.json").read_bytes())
+    manifest["skills"] += [{"name": n, "version": "v"} for n in ("../victim", "..", "", "/tmp/x", "gone-skill")]
+    (ws / ".sync-manifest.json").write_bytes(orjson.dumps(manifest))
+    assert skills.sync_skills(library, ws).removed == ("gone-skill",)
+
+    monkeypatch.setattr(skills, "MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(kindex.SkillError, match=r"unreadable \(\.sync-manifest\.json is larger than"):
+        skills.sync_skills(library, ws)
 
 
 def test_an_import_keeps_away_from_a_special_file_in_place_of_the_root_index(library: Path) -> None:
