@@ -55,7 +55,7 @@ from kindex.globs import (
     normalize_path,
     paths_in_text,
 )
-from kindex.records import INDEX_FILE, doc_item_from
+from kindex.records import INDEX_FILE
 from kindex.results import Context, ContextItem, context_item
 from kindex.scan import document_start, kb_folder, servable
 from kindex.searchindex import (
@@ -1177,7 +1177,7 @@ class Retriever:
             # The documents the paths bring in took the whole budget: no overview document to announce.
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
-        warnings = loaded.warnings + _unservable(root, fallback_docs)
+        warnings = loaded.warnings + _unservable(root, loaded, fallback_docs)
         if loaded.matchers.exhausted:
             warnings += (
                 f"the entries' paths globs hold more than {MAX_COMPILED_EXPANSIONS:,} brace expansions that fit the "
@@ -1203,17 +1203,20 @@ class Retriever:
         )[:MAX_WARNINGS]
 
 
-def _unservable(root: Path, names: Sequence[str]) -> tuple[str, ...]:
+def _unservable(root: Path, loaded: _Loaded, names: Sequence[str]) -> tuple[str, ...]:
     """A warning for each fallback document the caller chose that cannot serve, on every call: a misspelt name must
     show before the first off-topic message needs it. The defaults are names a KB may well not have."""
     if tuple(names) == DEFAULT_FALLBACK_DOCS:
         return ()
     # Every name is looked at (a stat each, at most MAX_FALLBACK_CHECKED), the first MAX_WARNINGS missing said.
     names = list(dict.fromkeys(names))[:MAX_FALLBACK_CHECKED]
-    missing = [name for name in names if not servable(root, normalize_path(name))][:MAX_WARNINGS]
+    missing = [name for name in names if (p := normalize_path(name)) not in loaded.by_path or not servable(root, p)][
+        :MAX_WARNINGS
+    ]
     return tuple(
-        f"fallback document {_quoted(name)} does not exist or is not a .md file in the KB: the next overview in "
-        "line serves (fallback_docs: the call's, KINDEX_FALLBACK_DOCS or kindex.toml)"
+        f"fallback document {_quoted(name)} is not a document of the index (missing, not a .md file, excluded or "
+        "skipped by the scan, or added since the last step): the next overview in line serves (fallback_docs: the "
+        "call's, KINDEX_FALLBACK_DOCS or kindex.toml)"
         for name in missing
     )
 
@@ -1234,16 +1237,16 @@ def _overview_hit() -> _Hit:
 
 
 def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: list[_Hit]) -> list[_Hit]:
-    """The named overview documents that can be served; else the root README/index page; else the root index."""
+    """The named overview documents that can be served; else the root README/index page; else the root index. Only
+    documents of the index serve: what the scan left out (``exclude``, hidden, too large) is never handed over."""
     seen = {h.path for h in taken}
     out: list[_Hit] = []
     for name in names:
         name = normalize_path(name)
-        if name in seen or (read := _readable(root, name)) is None:
-            continue
         idx = loaded.by_path.get(name, -1)
-        entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
-        out.append(_Hit(idx, name, "document", entry, 0.0, "fallback", read))
+        if idx < 0 or name in seen or (read := _readable(root, name)) is None:
+            continue
+        out.append(_Hit(idx, name, "document", loaded.index.docs[idx].entry, 0.0, "fallback", read))
         seen.add(name)
     if out:
         return out
@@ -1252,9 +1255,9 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
     except OSError:
         readme = []
     for name in readme:
-        if name not in seen and (read := _readable(root, name)) is not None:
-            idx = loaded.by_path.get(name, -1)
-            entry = loaded.index.docs[idx].entry if idx >= 0 else doc_item_from({}, name).to_dict()
+        idx = loaded.by_path.get(name, -1)
+        if idx >= 0 and name not in seen and (read := _readable(root, name)) is not None:
+            entry = loaded.index.docs[idx].entry
             return [_Hit(idx, name, "document", entry, 0.0, "fallback", read, OVERVIEW_PAGE_TOKENS)]
     return [_overview_hit()]
 

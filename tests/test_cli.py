@@ -149,7 +149,7 @@ def test_a_fallback_document_that_cannot_be_served_is_reported(sample_kb: Path) 
     assert run("reindex", str(sample_kb))[0] == 0
     code, out, err = run("context", str(sample_kb), "讲个笑话", "--fallback", "nosuch.md")
     assert code == 0 and "## Overview" in out  # the overview of the root index serves instead
-    assert "kindex: note: fallback document 'nosuch.md' does not exist or is not a .md file in the KB" in err
+    assert "kindex: note: fallback document 'nosuch.md' is not a document of the index (missing," in err
     code, out, err = run(
         "context", str(sample_kb), "讲个笑话", "--fallback", "./billing//发票开具.md", "--fallback", "导读.md"
     )
@@ -158,7 +158,7 @@ def test_a_fallback_document_that_cannot_be_served_is_reported(sample_kb: Path) 
     (sample_kb / "kindex.toml").write_text('[context]\nfallback_docs = ["导读.md", "nosuch.md"]\n', encoding="utf-8")
     code, out, err = run("context", str(sample_kb), "讲个笑话")
     assert code == 0 and "(source: 导读.md)" in out
-    assert "kindex: note: fallback document 'nosuch.md' does not exist or is not a .md file in the KB" in err
+    assert "kindex: note: fallback document 'nosuch.md' is not a document of the index (missing," in err
     code, _, err = run("context", str(sample_kb), "讲个笑话", "--fallback", " ")
     assert code == 2 and "fallback_docs: an empty document path" in err
 

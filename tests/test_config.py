@@ -122,6 +122,15 @@ def test_excluded_documents_are_not_scanned_indexed_or_served(sample_kb: Path) -
     }
     assert kindex.validate(sample_kb) == []
     assert all("sync/" not in i.path for i in kindex.search(sample_kb, "多设备同步冲突", limit=None))
+    # Nor as an overview: an excluded draft was handed over in full as a fallback (hostile campaign).
+    write_config(sample_kb, '[index]\nexclude = ["sync/**", "导读.md"]\n')
+    kindex.reindex(sample_kb)
+    ctx = kindex.build_context(sample_kb, "讲个笑话", fallback_docs=["sync/离线模式.md", "导读.md"])
+    assert [i.path for i in ctx.items] == ["index.json"] and "没有网络" not in ctx.text
+    assert [w.split(" is not")[0] for w in ctx.warnings] == [
+        "fallback document 'sync/离线模式.md'",
+        "fallback document '导读.md'",
+    ]
 
 
 def test_a_knowledge_base_handle_rereads_its_file_when_it_changes(sample_kb: Path) -> None:

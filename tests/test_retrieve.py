@@ -1131,6 +1131,7 @@ def test_a_home_page_standing_in_for_the_overview_serves_its_head_only(tmp_path:
     assert "What this documentation covers" in ctx.text
     # An overview document the KB names is one: served as the budget allows.
     (kb / "导读.md").write_text(page, encoding="utf-8")
+    kindex.root(kb)  # a document of the index: what the scan left out never serves
     ctx = kindex.build_context(kb, "你好", budget_tokens=6000)
     assert ctx.items[0].path == "导读.md" and ctx.items[0].tokens > 5000
 

@@ -199,8 +199,8 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     assert ctx.fallback and [i.path for i in ctx.items] == ["billing/套餐与价格.md"]
     assert ctx.text.startswith("## ")
     # The names the caller chose that cannot serve are said on every call, matched or not; the defaults never are.
-    said = "does not exist or is not a .md file in the KB: the next overview in line serves"
-    assert [w.split(" does not")[0] for w in ctx.warnings] == [
+    said = "is not a document of the index (missing, not a .md file, excluded or skipped by the scan, or added since"
+    assert [w.split(" is not")[0] for w in ctx.warnings] == [
         "fallback document 'nope.md'",
         "fallback document '../x.md'",
     ]
@@ -211,7 +211,7 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     assert len(kindex.build_context(indexed, "x", fallback_docs=[f"{i}.md" for i in range(50)]).warnings) == 10
     good = sorted(p.relative_to(indexed).as_posix() for p in indexed.rglob("*.md"))[:11]
     many = [*good, "nope.md"]  # the misspelt twelfth name, after eleven good ones, is said too
-    assert [w.split(" does")[0] for w in kindex.build_context(indexed, "x", fallback_docs=many).warnings] == [
+    assert [w.split(" is not")[0] for w in kindex.build_context(indexed, "x", fallback_docs=many).warnings] == [
         "fallback document 'nope.md'"
     ]
 
@@ -222,6 +222,9 @@ def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexe
     assert "billing/" in ctx.text and ctx.text.strip()  # never an empty context
 
     (indexed / "README.md").write_text("# 青禾账本帮助中心\n\n从这里开始。\n", encoding="utf-8")
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
+    assert [i.path for i in ctx.items] == ["index.json"]  # a page the index does not hold yet serves from its step
+    kindex.root(indexed)
     ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
     assert [i.path for i in ctx.items] == ["README.md"] and "从这里开始" in ctx.text
 

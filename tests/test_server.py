@@ -80,7 +80,8 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     off["fallback_docs"] = ["导览.md", "billing/套餐与价格.md"]
     body = call(app, "POST", f"{BASE}/context", json=off).json()
     assert [i["path"] for i in body["items"]] == ["billing/套餐与价格.md"]
-    assert [w.split(" or ")[0] for w in body["warnings"]] == ["fallback document '导览.md' does not exist"]
+    said = [w.split(" (")[0] for w in body["warnings"]]
+    assert said == ["fallback document '导览.md' is not a document of the index"]
     strict = {"message": "Kubernetes 上能退款吗", "min_relevance": 1.0}
     assert call(app, "POST", f"{BASE}/context", json=strict).json()["fallback"]
 
