@@ -5,6 +5,9 @@ index up to date: an edited or added document is one ``doc`` step (its entry and
 a deleted one rewrites its theme index from cached answers (no call), a document at the root or a theme that
 appeared or vanished re-asks the root, and an edited ``kindex.toml`` runs the whole pipeline (answers cached:
 only what its new settings change is paid). kindex's own writes (``index.json``, ``.kindex/``) are not changes.
+
+Long because the watch loop (restarted when the file watcher itself fails), the batching and the retry of a
+failed batch share one watcher's state.
 """
 
 from __future__ import annotations
@@ -202,6 +205,10 @@ def _indexed_themes(kb: Path) -> set[str] | None:
     return None if index is None else {t.dir for t in index.themes}
 
 
+MAX_RESTARTS_PER_MINUTE = 10
+"""How often the file watcher may fail and be started again within a minute before the watch stops, said."""
+
+
 class Watcher:
     """Keeps one KB's index current until :meth:`stop` (or ``stop_event``) ends :meth:`run`.
 
@@ -255,6 +262,22 @@ class Watcher:
             scan(root)
         except KindexError as exc:  # a broken kindex.toml: said, and watched until it is fixed
             self.on_update(Update((), (), (), (), exc.message))
+        restarts: list[float] = []
+        while not self.stopped.is_set():
+            try:
+                self._watch(root, first=not restarts)
+                return
+            except RuntimeError as exc:  # watchfiles' own failure (a file name that is not UTF-8, even in .git/)
+                now = _clock()
+                restarts = [t for t in restarts if now - t < 60.0] + [now]
+                if len(restarts) > MAX_RESTARTS_PER_MINUTE:
+                    self.on_update(Update((), (), (), (), f"the file watcher keeps failing ({exc}): stopped watching"))
+                    self.stopped.set()
+                    return
+                # Watched again from scratch, then the whole KB reconciled: what changed meanwhile is not lost.
+                self.on_update(Update((), (), (), (), f"the file watcher failed ({exc}): watching again"))
+
+    def _watch(self, root: Path, *, first: bool) -> None:
         ready = False
         for changes in watchfiles.watch(
             root,
@@ -268,10 +291,11 @@ class Watcher:
         ):
             if not ready:
                 ready = True  # the first yield comes after the watch is registered: no change can be missed now
-                self.ready.set()
-                if self.on_ready is not None:
-                    self.on_ready()
-                if self.reconcile:
+                if first:
+                    self.ready.set()
+                    if self.on_ready is not None:
+                        self.on_ready()
+                if self.reconcile or not first:
                     self._apply(Batch(frozenset(), frozenset(), whole=True))
             if changes and not root.is_dir():
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))

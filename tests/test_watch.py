@@ -594,3 +594,27 @@ def test_a_folder_gone_before_it_is_read_and_an_entry_beyond_bounds_are_no_crash
     (sample_kb / "billing" / "index.json").write_text("{}", encoding="utf-8")
     kindex.doc(sample_kb, "billing", "退款政策.md")
     assert len(entries(sample_kb, "billing")) == 6
+
+
+def test_a_file_name_that_is_not_utf8_does_not_end_the_watch(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # watchfiles raised on such a name (even under .git/) and the watcher thread died: later edits went unindexed.
+    # Seen with the KB given as a relative path, as `kindex watch kb` gives it.
+    monkeypatch.chdir(sample_kb.parent)
+    client = FakeClient()
+    kindex.KnowledgeBase(sample_kb, client=client).reindex()
+    running = Running(Path(sample_kb.name), client)
+    try:
+        (sample_kb / ".git").mkdir()
+        with open(os.path.join(os.fsencode(sample_kb / ".git"), b"obj\xfe"), "wb"):
+            pass
+        failed = running.next()
+        assert failed.error is not None and failed.error.startswith("the file watcher failed (")
+        assert failed.error.endswith("): watching again")
+        assert running.next().steps == ("reindex",)  # watched again, and what changed meanwhile caught up
+        doc = sample_kb / "billing" / "退款政策.md"
+        doc.write_text("# 退款政策（新版）\n\n七天内无理由退款。\n", encoding="utf-8")
+        update = running.next()
+        assert update.steps == ("doc billing/退款政策.md",) and update.error is None and running.thread.is_alive()
+    finally:
+        running.watcher.stop()
+        running.thread.join(30)
