@@ -14,9 +14,9 @@ import hashlib
 import io
 import os
 import re
+import secrets
 import shutil
 import stat
-import tempfile
 import time
 import zipfile
 import zlib
@@ -264,7 +264,12 @@ def import_skill(
         members, _ = _zip_members(archive, max_bytes, max_files)
         work = root / STATE_DIR / "import"
         work.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="skill-", dir=work))
+        for debris in work.glob("skill-*"):  # an import killed before its cleanup (the lock: none runs now)
+            shutil.rmtree(debris, ignore_errors=True)
+        # Not mkdtemp: its 0700 stayed with the installed folder, which other users (a chat backend) could not
+        # read; mkdir gives what the umask allows, as every other folder of the library has.
+        staging = work / f"skill-{secrets.token_hex(8)}"
+        staging.mkdir()
         try:
             try:
                 _extract(archive, members, staging, max_bytes)

@@ -499,3 +499,18 @@ def test_an_import_keeps_away_from_a_special_file_in_place_of_the_root_index(lib
     with pytest.raises(kindex.SkillError, match=r"the library's index.json cannot be kept .*not a regular file"):
         skills.import_skill(library, package)
     assert not (library / "csv-tools").exists()
+
+
+def test_an_imported_skill_is_readable_as_the_umask_allows_and_old_staging_is_cleared(library: Path) -> None:
+    # The staging folder's 0700 stayed with the installed skill: a chat backend running as another user could not
+    # read it. And the staging of an import killed mid-way stayed under .kindex/import for good.
+    debris = library / ".kindex" / "import" / "skill-killed"
+    debris.mkdir(parents=True)
+    (debris / "big.bin").write_bytes(b"x" * 1000)
+    old = os.umask(0o022)
+    try:
+        result = skills.import_skill(library, make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean CSV.")}))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((library / result.name).stat().st_mode) == 0o755
+    assert list((library / ".kindex" / "import").iterdir()) == []
