@@ -279,7 +279,14 @@ def resolve(
             try:
                 values[s.name], sources[s.name] = s.parse(raw_env), f"env {s.env}"
             except InvalidDataError as exc:
-                raise UsageError(f"{s.env}={raw_env!r}: {exc.message}") from None
+                if not for_reading:
+                    raise UsageError(f"{s.env}={raw_env!r}: {exc.message}") from None
+                # As a broken file: KINDEX_TEMPERATURE=nan, which no answer uses, failed every `kindex context`.
+                said = f"{s.env}={_short(raw_env)}: {exc.message}: left out of this answer (fix the variable)"
+                problem = said if problem is None else f"{problem}; {said}"
+                values[s.name], sources[s.name] = from_file.get(s.name, s.default), "default"
+                if s.name in from_file:
+                    sources[s.name] = CONFIG_FILE
         elif s.name in from_file:
             values[s.name], sources[s.name] = from_file[s.name], CONFIG_FILE
         else:
@@ -288,6 +295,10 @@ def resolve(
     if unknown:
         raise UsageError(f"unknown setting {sorted(unknown)[0]!r}")
     return Effective(values, sources, problem)
+
+
+def _short(raw: str) -> str:
+    return repr(raw if len(raw) <= 60 else raw[:59] + "…")
 
 
 def excluded(kb: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[str, ...]:

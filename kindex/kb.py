@@ -87,13 +87,22 @@ class Settings:
         flags: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         client: LLMClient | None = None,
-        *,
-        for_reading: bool = False,
     ) -> Settings:
         """The settings in force for ``kb``: ``flags`` > ``KINDEX_*`` environment > ``kb/kindex.toml`` > defaults
-        (:func:`kindex.config.resolve`). ``client`` replaces the litellm adapter (``Options.client``).
-        ``for_reading``: a broken ``kindex.toml`` is left out instead of failing (for answering questions)."""
-        eff = config.resolve(kb, flags, env, for_reading=for_reading)
+        (:func:`kindex.config.resolve`). ``client`` replaces the litellm adapter (``Options.client``)."""
+        return cls._of(config.resolve(kb, flags, env), client)
+
+    @classmethod
+    def for_answers(
+        cls, kb: str | os.PathLike[str], flags: Mapping[str, Any] | None = None, client: LLMClient | None = None
+    ) -> tuple[Settings, str | None]:
+        """The settings a question is answered with, and what was left out of them (a broken ``kindex.toml``, a
+        ``KINDEX_*`` variable that does not parse), said instead of failing the answer."""
+        eff = config.resolve(kb, flags, for_reading=True)
+        return cls._of(eff, client), eff.problem
+
+    @classmethod
+    def _of(cls, eff: config.Effective, client: LLMClient | None) -> Settings:
         llm = LLMSettings.from_settings(eff)
         return cls(
             generation=Options(llm=llm, client=client, concurrency=eff["concurrency"]),
@@ -155,9 +164,8 @@ class KnowledgeBase:
         turn's knowledge away. Steps still refuse it."""
         try:
             return self.settings, None
-        except InvalidFileError as exc:  # only the file: flags were checked when the handle was made
-            settings = Settings.resolved(self.path, self._flags, client=self._client, for_reading=True)
-            return settings, exc.message + config.LEFT_OUT
+        except (InvalidFileError, UsageError):  # the file or a variable: flags were checked when the handle was made
+            return Settings.for_answers(self.path, self._flags, self._client)
 
     # -- retrieval ------------------------------------------------------------------------------------------------
 

@@ -54,6 +54,25 @@ def test_a_broken_file_is_left_out_of_answers_with_a_warning_but_steps_refuse_it
         kindex.reindex(sample_kb)  # a step is steered by the file (exclude, model): it still refuses
 
 
+def test_a_variable_that_does_not_parse_is_left_out_of_answers_but_steps_refuse_it(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KINDEX_TEMPERATURE=nan, which no answer uses, failed every `kindex context` and build_context with exit 2.
+    kindex.reindex(sample_kb)
+    monkeypatch.setenv("KINDEX_TEMPERATURE", "nan")
+    monkeypatch.setenv("KINDEX_MAX_DOCS", "0")
+    said = (
+        "KINDEX_MAX_DOCS='0': must be 1 to 50: left out of this answer (fix the variable); "
+        "KINDEX_TEMPERATURE='nan': expected a finite number, got 'nan': left out of this answer (fix the variable)"
+    )
+    ctx = kindex.KnowledgeBase(sample_kb).context("发票怎么开")
+    assert ctx.items[0].path == "billing/发票开具.md" and ctx.warnings == (said,)
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "发票怎么开", "--json"])
+    assert result.exit_code == 0 and orjson.loads(result.stdout)["warnings"] == [said]
+    result = CliRunner().invoke(main, ["reindex", str(sample_kb)])
+    assert result.exit_code == 2 and result.stderr == "Error: KINDEX_MAX_DOCS='0': must be 1 to 50\n"
+
+
 def test_a_file_saved_with_a_byte_order_mark_is_read(sample_kb: Path) -> None:
     # Notepad's UTF-8 has one; the file made every command of the KB fail, `context` included.
     write_config(sample_kb, "\ufeff[context]\nbudget_tokens = 900\n")
