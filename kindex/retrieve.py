@@ -18,6 +18,7 @@ import math
 import os
 import threading
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1024,7 +1025,8 @@ def _named(loaded: _Loaded, written: list[str]) -> list[int]:
         folded: dict[str, int] = {}
         for i, doc in enumerate(loaded.index.docs):
             if loaded.unconditional[i] and "/" in doc.path:
-                key = doc.path.casefold()
+                # Case and Unicode form aside: a name written NFD on disk (macOS) is typed NFC, and reads the same.
+                key = unicodedata.normalize("NFC", doc.path.casefold())
                 folded[key] = -1 if key in folded else i  # two paths apart only in case: neither by case-folding
         loaded.folded = folded
     out: list[int] = []
@@ -1038,7 +1040,10 @@ def _named(loaded: _Loaded, written: list[str]) -> list[int]:
         for i in range(len(parts) - 1):
             key = "/".join(parts[i:])
             exact = loaded.by_path.get(key, -1)
-            idx = exact if exact >= 0 and loaded.unconditional[exact] else loaded.folded.get(key.casefold(), -1)
+            if exact >= 0 and loaded.unconditional[exact]:
+                idx = exact
+            else:
+                idx = loaded.folded.get(unicodedata.normalize("NFC", key.casefold()), -1)
             if idx >= 0:
                 break
         if idx >= 0 and idx not in out:

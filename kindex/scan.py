@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import time
+import unicodedata
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,8 +163,11 @@ class Scan:
         """The document ``path`` (relative to the theme) of theme ``dir_name``, from the closed scan list."""
         docs = self.theme_docs(dir_name)
         doc = next((d for d in docs if d.path_in_theme == path), None)
+        if doc is None:  # typed as NFC, named on disk as NFD (macOS), or the other way: the same name to a reader
+            nfc = unicodedata.normalize("NFC", path)
+            doc = next((d for d in docs if unicodedata.normalize("NFC", d.path_in_theme) == nfc), None)
         if doc is None:
-            names = [d.path_in_theme for d in docs]
+            names = sorted(d.path_in_theme for d in docs)
             inner = path.removeprefix(f"{dir_name}/")
             if inner != path and inner in names:
                 hint = f"drop the theme: '{inner}'"

@@ -833,3 +833,19 @@ def test_a_forced_step_with_shorter_excerpts_keeps_the_memory_whole(tmp_path: Pa
     reads.clear()
     assert [p.split(":")[0] for p in kindex.validate(kb)] == ["billing/doc0.md"]
     assert reads == ["doc0.md"]  # the memory still stands for the others
+
+
+def test_a_name_written_nfd_on_disk_is_found_by_its_nfc_spelling(tmp_path: Path) -> None:
+    # macOS writes café as NFD; a person types NFC: `kindex doc kb t café.md` said there was no such document and
+    # listed one that looked the same. The order of that list changed from run to run too.
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "café.md")
+    write(tmp_path / "t" / nfd, "# 咖啡\n\n关于咖啡。\n")
+    write(tmp_path / "t" / "other.md", "# 其他\n\n其他内容。\n")
+    kindex.reindex(tmp_path)
+    assert kindex.doc(tmp_path, "t", "café.md").written == ()  # found, unchanged: nothing to write
+    ctx = kindex.build_context(tmp_path, "看看 t/café.md 这一页")
+    assert (ctx.items[0].path, ctx.items[0].reason) == (f"t/{nfd}", "path in the message")
+    with pytest.raises(PathNotInThemeError, match=r"\(documents here: other\.md, caf"):
+        kindex.doc(tmp_path, "t", "x.md")
