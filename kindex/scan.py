@@ -669,6 +669,10 @@ def document_digest(kb: Path, rel: str) -> tuple[str, str] | None:
     return None if got is None else (clean_body(got[1]).strip(), hashlib.sha256(got[0]).hexdigest())
 
 
+_STUB_CHARS = 4096
+"""A body shorter than this is looked at for anything to read once comments are dropped."""
+
+
 def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
     """The bytes of a document that may be served, and its text without frontmatter."""
     if not servable(kb, rel):
@@ -676,9 +680,17 @@ def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
     try:
         with open(kb / rel, "rb") as fh:
             data = fh.read(MAX_DOC_BYTES + 1)
-        return data, strip_frontmatter(decode_document(data))
+        text = decode_document(data)
     except (OSError, InvalidFileError):
         return None
+    body = strip_frontmatter(text)
+    # A page that is only its frontmatter (a title and a description, a stub) is served as written: search found it
+    # by its entry, and context dropped it as unreadable, saying "run kindex reindex", which changed nothing.
+    if len(body) < _STUB_CHARS and not clean_body(body).strip():
+        front = text[: len(text) - len(body)]
+        if any(c.isalnum() for c in front[:_STUB_CHARS]):  # an empty block ("---\n---") says nothing either
+            return data, text
+    return data, body
 
 
 def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:

@@ -826,7 +826,7 @@ def test_many_documents_never_pass_the_budget_by_their_separators(indexed: Path)
 def test_an_empty_overview_document_is_passed_over_for_one_that_says_something(tmp_path: Path) -> None:
     kb = tmp_path / "kb"
     (kb / "t").mkdir(parents=True)
-    (kb / "导读.md").write_text("---\ntitle: 导读\ndescription: 本知识库介绍退款\n---\n", encoding="utf-8")
+    (kb / "导读.md").write_text("---\n---\n\n", encoding="utf-8")  # (only a frontmatter that says something serves)
     (kb / "00-总则与功能导航.md").write_text("<!-- Licensed under CC BY 4.0 -->\n", encoding="utf-8")
     (kb / "README.md").write_text("# README\n\nThis KB covers refunds.\n", encoding="utf-8")
     (kb / "t" / "refund.md").write_text("# 退款\n\n退款政策说明。\n", encoding="utf-8")
@@ -1262,3 +1262,16 @@ def test_an_empty_kb_says_it_holds_no_documents_yet(tmp_path: Path) -> None:
     kindex.reindex(tmp_path)
     ctx = kindex.build_context(tmp_path, "你好")
     assert ctx.fallback and ctx.text.endswith("This knowledge base holds no documents yet.")
+
+
+def test_a_page_that_is_only_its_frontmatter_is_served_as_written(tmp_path: Path) -> None:
+    # search found it by its entry; context dropped it as unreadable and advised a reindex that changed nothing.
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.md").write_text(
+        "---\ntitle: 发票抬头修改\ndescription: 如何修改发票抬头和税号\n---\n<!-- 草稿 -->\n", encoding="utf-8"
+    )
+    (tmp_path / "t" / "b.md").write_text("# 其他\n\n其他内容。\n", encoding="utf-8")
+    kindex.reindex(tmp_path)
+    ctx = kindex.build_context(tmp_path, "发票抬头怎么改")
+    assert not ctx.fallback and [i.path for i in ctx.items] == ["t/a.md"]
+    assert "description: 如何修改发票抬头和税号" in ctx.text and "草稿" not in ctx.text
