@@ -481,8 +481,12 @@ def surface_forms(text: str) -> dict[str, str]:
             for normal in _TOKEN.finditer(_nfkc(word)):
                 folded = normal.group("word")
                 if folded is not None:
-                    for term in _word_terms(folded):
-                        forms.setdefault(term, word)
+                    terms = list(_word_terms(folded))
+                    # A part of an identifier shows as that part (``word`` of ``word4``): a page matching only
+                    # the part holds no ``word4``, and "matched word4" said it did.
+                    parts = {_stem(p.casefold()): p for p in _parts(_fold_accents(folded))} if len(terms) > 1 else {}
+                    for term in terms:
+                        forms.setdefault(term, parts.get(term, word) if term != terms[0] else word)
     return forms
 
 

@@ -454,7 +454,13 @@ class _Scored:
             if t not in forms:
                 at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
                 forms[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
-        return tuple(dict.fromkeys(forms.get(t, t) for t in terms))
+        shown = list(dict.fromkeys(forms.get(t, t) for t in terms))
+        if len(shown) > MAX_SHOWN_FOLDED:
+            return tuple(shown)
+        # A word shown whole says its parts: "BackgroundTasks", not also "Background" and "Tasks"; "离线模式", not
+        # also "离线" and "模式".
+        folded = [w.casefold() for w in shown]
+        return tuple(w for w, f in zip(shown, folded, strict=True) if not any(f != o and f in o for o in folded))
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
@@ -795,6 +801,8 @@ def _score(
     return scored
 
 
+MAX_SHOWN_FOLDED = 32
+"""Matched words beyond this many are listed as they are, parts beside their wholes (the check is quadratic)."""
 MAX_TITLE_TERMS = 8
 _TITLE = FIELDS.index("title")
 """A question of more terms is no document's title (:func:`_titled`): the check is not made."""

@@ -663,3 +663,15 @@ def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
     hits = kindex.search(kb, "配置限流")  # its title's words, stop words aside (如何)
     assert hits[0].path == "t/limits.md" and hits[0].score > hits[1].score  # listed in the order of its scores
     assert next(i.path for i in kindex.search(kb, "异步测试")) == "t/async.md"
+
+
+def test_matched_says_the_part_a_page_holds_and_a_whole_word_once(tmp_path: Path, indexed: Path) -> None:
+    # "word4" listed pages holding word0…word5 as "matched word4": they share only its part "word".
+    kb = tmp_path / "words"
+    (kb / "t").mkdir(parents=True)
+    for i in range(4):
+        (kb / "t" / f"f{i}.md").write_text(f"# 文档 {i}\n\n内容 word{i} 退款\n", encoding="utf-8")
+    kindex.reindex(kb)
+    hits = {h.path: h.matched for h in kindex.search(kb, "word3")}
+    assert hits["t/f3.md"] == ("word3",) and hits["t/f0.md"] == ("word",)
+    assert kindex.search(indexed, "离线模式", limit=1)[0].matched == ("离线模式",)  # not also 离线 and 模式
