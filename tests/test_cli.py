@@ -316,3 +316,15 @@ def test_the_cli_runs_off_the_main_thread(sample_kb: Path) -> None:
     worker.start()
     worker.join()
     assert results[0].exit_code == 0, results[0].output
+
+
+def test_a_file_name_with_a_newline_prints_as_one_escaped_line(tmp_path: Path) -> None:
+    # `kindex search` printed "t/new⏎line.md": a file name could forge an output line (and \x01 reached the terminal).
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "new\nline\x01.md").write_text("# 退款\n\n退款说明。\n", encoding="utf-8")
+    (tmp_path / "t" / "b.md").write_text("# 其他\n\n其他。\n", encoding="utf-8")
+    assert run("reindex", str(tmp_path))[0] == 0
+    code, out, _ = run("search", str(tmp_path), "退款")
+    assert code == 0 and out.splitlines()[0].endswith("t/new\\nline\\x01.md  退款")
+    code, _, err = run("context", str(tmp_path), "退款")
+    assert code == 0 and "# t/new\\nline\\x01.md  score" in err

@@ -9,7 +9,7 @@ from typing import BinaryIO
 import click
 import orjson
 
-from kindex.cli.options import json_opt, kb_arg
+from kindex.cli.options import json_opt, kb_arg, shown
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
 from kindex.results import Ranking
 from kindex.retrieve import (
@@ -125,12 +125,14 @@ def context(
     else:
         for item in ctx.items:
             flag = ", truncated" if item.truncated else ""
-            click.echo(f"# {item.path}  score {item.score:.2f}  ({item.reason}{flag})", err=True)
+            click.echo(f"# {shown(item.path)}  score {item.score:.2f}  ({item.reason}{flag})", err=True)
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
         click.echo(ctx.text)
     for path in ctx.missing:
-        click.echo(f"kindex: {path} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True)
+        click.echo(
+            f"kindex: {shown(path)} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True
+        )
     _note_warnings(ctx.warnings)
 
 
@@ -180,5 +182,5 @@ def search(
         # Why it is listed: a path the message names or a rule's glob comes first whatever its score, and says so.
         matched = f"matched {', '.join(r.matched[:6])}" if r.matched else ""
         why = (matched or r.reason) if r.reason == "matched" else "; ".join(x for x in (r.reason, matched) if x)
-        click.echo(f"{r.score:7.2f}  {r.path}  {r.title}")
+        click.echo(f"{r.score:7.2f}  {shown(r.path)}  {r.title}")
         click.echo(f"         {r.abstract}  ({why})")

@@ -31,6 +31,12 @@ def json_opt(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
 
 
+def shown(name: str) -> str:
+    """A file name as one line a terminal prints as it is: a newline in a name forged an output line, and other
+    control characters (``\\x01``, ESC) reached the terminal raw. Escaped as Python writes them."""
+    return name if name.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 def print_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
