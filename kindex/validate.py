@@ -101,7 +101,8 @@ def _load(path: Any, label: str, problems: list[str], fix: str) -> dict[str, Any
         return None
     except (OSError, KindexError) as exc:
         reason = exc.message if isinstance(exc, KindexError) else exc.strerror or exc
-        problems.append(f"{label}: cannot be read ({reason}): a folder or special file in its place?")
+        # Not a guess (a 200 MB file was asked whether it was a folder): the reason says what it is.
+        problems.append(f"{label}: cannot be read ({reason}); move it away, then run `{fix}`")
         return None
     try:
         obj = orjson.loads(data)

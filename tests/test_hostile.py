@@ -866,3 +866,12 @@ def test_half_an_emoji_in_frontmatter_or_an_answer_costs_that_character_not_the_
     assert report.failures == () and kindex.validate(sample_kb) == []
     refund = kindex.parse_index((sample_kb / "billing" / "index.json").read_bytes())[0].documents[0]
     assert (refund.title, refund.tags) == ("退款 ?", ("退款", "?"))  # as jsonextract makes any lone surrogate
+
+
+def test_validate_says_an_oversized_index_file_is_one(sample_kb: Path) -> None:
+    kindex.reindex(sample_kb)
+    (sample_kb / "billing" / "index.json").write_bytes(b"{" + b" " * (65 * 2**20) + b"}")
+    assert kindex.validate(sample_kb) == [  # it was asked whether it was "a folder or special file"
+        "billing/index.json: cannot be read (index.json is larger than 64 MiB); move it away, then run "
+        f"`kindex sub {sample_kb} billing`"
+    ]
