@@ -28,6 +28,13 @@ _LOW_SPACE = 1 << 20
 """Free bytes under which a failed cache operation is blamed on a full disk."""
 
 
+def _foreign(exc: sqlite3.DatabaseError) -> bool:
+    """Whether the file is not an answer cache kindex can use (not a database, or one with other tables), as
+    against a folder, a locked or a read-only database."""
+    text = str(exc)
+    return "not a database" in text or "no such column" in text or "malformed" in text
+
+
 class Cache:
     """Model answers already paid for, keyed by what determines them (content, model, prompt, settings).
 
@@ -41,6 +48,8 @@ class Cache:
         self.path = kb / STATE_DIR / CACHE_FILE
         self._entries: dict[str, dict[str, Any]] = {}
         self._db: sqlite3.Connection | None = None
+        self.set_aside: Path | None = None
+        """Where a cache that could not be read (damaged, or another program's database) was moved: a run says so."""
         # SQLite fails on anything else there, or blocks on a FIFO (its journal too): said before the run pays for
         # a first answer it could not keep.
         for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
@@ -78,24 +87,43 @@ class Cache:
                     "the knowledge folder disappeared during the run: nothing more was written"
                 ) from None
             try:
-                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
-                db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
-            except sqlite3.OperationalError as exc:  # unopenable: a folder in .kindex's place, a read-only disk
-                raise StorageError(f"cannot open the answer cache {self.path}: {exc}{self._space()}") from None
+                db = self._open()
+            except sqlite3.DatabaseError as exc:
+                if not _foreign(exc) or self.set_aside is not None:
+                    # Unopenable: a folder in .kindex's place, a read-only disk.
+                    raise StorageError(f"cannot open the answer cache {self.path}: {exc}{self._space()}") from None
+                self._set_aside()  # another program's database, or not one at all: only money already spent
+                db = self._open()
             self._db = db
         return self._db
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, label TEXT, value BLOB NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS answers_label ON answers (label)")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _set_aside(self) -> None:
+        self.close()
+        self.set_aside = self.path.with_suffix(".damaged")
+        with contextlib.suppress(OSError):
+            self.path.rename(self.set_aside)
 
     def _read(self) -> None:
         try:
             rows = self._connect().execute("SELECT key, value FROM answers").fetchall()
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, StorageError) as exc:
+            if isinstance(exc, StorageError) and self.set_aside is None:
+                raise
             # A damaged cache is only money already spent: start a new one rather than fail the run.
-            self.close()
-            with contextlib.suppress(OSError):
-                self.path.rename(self.path.with_suffix(".damaged"))
+            if self.set_aside is None:
+                self._set_aside()
             return
         for key, value in rows:
             try:

@@ -381,6 +381,11 @@ class _Runner:
         self.cache = Cache(s.kb)
         self.live_keys: set[str] = set()
         self.report = _Tally(step=step, generator=generator.name, offline=generator.offline)
+        if self.cache.set_aside is not None:  # said: its answers are paid for again, and nothing else said why
+            self.report.notes.append(
+                f"the answer cache could not be read (damaged, or another program's database): set aside as "
+                f"{STATE_DIR}/{self.cache.set_aside.name}; the answers it held are asked for again"
+            )
         self._sem: asyncio.Semaphore | None = None
         self._fatal = False
         """Set when a call failed for the whole run (a bad key, an unknown model): no further call starts."""

@@ -1,15 +1,18 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import pytest
 
-from kindex import AnswerError, DocItem, Index, ThemeItem, parse_index
+import kindex
+from kindex import AnswerError, DocItem, Index, LLMSettings, Options, ThemeItem, parse_index
 from kindex.cache import Cache
 from kindex.records import SUMMARY_MAX, TAGS_MAX, TITLE_MAX, doc_item_from
 from kindex.sanitize import doc_entry
 from kindex.store import atomic_write
+from tests.fakeclient import FakeClient
 
 
 def _doc(path: str, title: str, summary: str, tags: tuple[str, ...] = (), paths: tuple[str, ...] = ()) -> DocItem:
@@ -104,9 +107,32 @@ def test_the_cache_commits_each_answer_replaces_superseded_ones_and_survives_dam
         extra.unlink()
     cache.path.write_bytes(b"not a database" * 100)  # damaged: set aside, a new cache starts
     fresh = Cache(tmp_path)
-    assert fresh.get("k3") is None
+    assert fresh.get("k3") is None and fresh.set_aside == tmp_path / ".kindex" / "answers.damaged"
     fresh.put("k4", {"title": "c"})
     assert Cache(tmp_path).get("k4") == {"title": "c"}
+    fresh.close()
+
+
+def test_another_programs_database_in_the_caches_place_is_set_aside_and_said(sample_kb: Path) -> None:
+    # A valid SQLite file with other tables made every model step fail ("no such column: label", no advice); a
+    # damaged one was set aside without a word while its answers were bought again.
+    import sqlite3
+
+    path = sample_kb / ".kindex" / "answers.sqlite"
+    path.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE answers (x)")
+        db.commit()
+    client = FakeClient()
+    report = kindex.reindex(sample_kb, Options(llm=LLMSettings(model="fake-model"), client=client))
+    assert report.failures == () and len(client.calls) == 19
+    assert report.notes[0] == (
+        "the answer cache could not be read (damaged, or another program's database): set aside as "
+        ".kindex/answers.damaged; the answers it held are asked for again"
+    )
+    assert (sample_kb / ".kindex" / "answers.damaged").exists()
+    again = kindex.reindex(sample_kb, Options(llm=LLMSettings(model="fake-model"), client=client))
+    assert again.cache_hits == 19 and again.notes == ()
 
 
 def test_answers_of_the_old_json_lines_cache_are_kept(tmp_path: Path) -> None:
