@@ -329,7 +329,7 @@ def build_server(library: Library) -> MCPServer:
         closure = kb.skill_closure(name)
         return SkillOutput(
             name=skill.name,
-            description=skill.description,
+            description=skill.shown_description,
             instructions=text,
             files=tuple(f"{skill.folder}/{rel}" for rel, _ in package_files(folder)),
             **closure.as_fields(),

@@ -40,7 +40,7 @@ _SPACE = re.compile(r"\s+")
 # scripts and emoji are written with them. And lone surrogates (half an emoji, from a frontmatter's "\ud83d" escape
 # or a model's answer): no UTF-8 encodes them, and one in a title stopped every step of its KB.
 _CONTROL = re.compile(
-    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\ud800-\udfff]"
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\ud800-\udfff]"
 )
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # A terminal's colour and cursor sequences (ESC [ parameters, intermediates, a final byte): their ESC alone dropped

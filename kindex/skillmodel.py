@@ -40,12 +40,18 @@ class Skill:
     tool_dependencies: tuple[str, ...] = ()
     mcp_dependencies: tuple[str, ...] = ()
 
+    @property
+    def shown_description(self) -> str:
+        """The description as a listing shows it: one line, without control characters (an ESC or a NUL in a
+        SKILL.md reached `find --json` and the HTTP service as written)."""
+        return clean_text(self.description, DESCRIPTION_MAX)
+
     def theme_item(self) -> ThemeItem:
         """The skill's theme entry: name and description verbatim (never the model's words)."""
         return ThemeItem(
             dir=self.folder,
             title=clean_text(self.name, 80),
-            summary=clean_text(self.description, DESCRIPTION_MAX),
+            summary=self.shown_description,
             tags=clean_tags([*self.tags, *self.allowed_tools], limit=THEME_TAGS_MAX),
         )
 

@@ -96,7 +96,7 @@ def find_skills(
             continue
         best[skill.name] = SkillHit(
             name=skill.name,
-            description=skill.description,
+            description=skill.shown_description,
             root_uri=f"{folder}/",
             skill_md_uri=f"{folder}/{SKILL_FILE}",
             uri=item.path if item.level != "theme" else f"{folder}/",

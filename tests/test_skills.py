@@ -514,3 +514,14 @@ def test_an_imported_skill_is_readable_as_the_umask_allows_and_old_staging_is_cl
         os.umask(old)
     assert stat.S_IMODE((library / result.name).stat().st_mode) == 0o755
     assert list((library / ".kindex" / "import").iterdir()) == []
+
+
+def test_a_description_is_listed_as_one_line_without_control_characters(library: Path) -> None:
+    # An ESC, a NUL or U+0085 in a SKILL.md's description reached `find --json` and the HTTP service as written.
+    write(
+        library / "pdf-tools" / "SKILL.md",
+        skill_md("pdf-tools", '"Create\\x1b[31m and\\u0085merge\\x00 PDF\\nfiles."'),
+    )
+    kindex.reindex(library)
+    [hit] = [h for h in kindex.find_skills(library, "merge PDF files") if h.name == "pdf-tools"]
+    assert hit.description == "Create and merge PDF files."
