@@ -87,6 +87,8 @@ def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_na
         problems.append(Problem(rel, f"cannot be read as UTF-8 ({exc.__class__.__name__})"))
         return None
     meta, _, broken = split_frontmatter(text.removeprefix("\ufeff"))
+    if broken is not None:  # a skill is its frontmatter: not "ignored, the body is indexed", as for a document
+        broken = broken.split(": ignored,", 1)[0]
     if broken or not meta:
         problems.append(Problem(rel, broken or "has no YAML frontmatter (--- name: … description: … ---)"))
         return None

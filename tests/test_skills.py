@@ -525,3 +525,11 @@ def test_a_description_is_listed_as_one_line_without_control_characters(library:
     kindex.reindex(library)
     [hit] = [h for h in kindex.find_skills(library, "merge PDF files") if h.name == "pdf-tools"]
     assert hit.description == "Create and merge PDF files."
+
+
+def test_a_skill_whose_frontmatter_cannot_be_read_is_refused_without_saying_its_body_is_indexed(library: Path) -> None:
+    # The refusal quoted the document rule: "frontmatter is longer than 16 KiB: ignored, the body is indexed".
+    long = make_zip({"big/SKILL.md": "---\nname: big\ndescription: " + "x" * 17_000 + "\n---\n# big\n"})
+    with pytest.raises(kindex.SkillError) as refused:
+        skills.import_skill(library, long)
+    assert "frontmatter is longer than 16 KiB" in refused.value.message and "ignored" not in refused.value.message
