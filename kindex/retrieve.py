@@ -203,6 +203,7 @@ def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
 
 
 _NO_DOCS: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+_NO_VALUES: npt.NDArray[np.float32] = np.zeros(0, np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,11 +229,11 @@ class _Row:
     1 for a word specific to the KB and for every other term)."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
-    titled: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_DOCS)
-    """The documents whose entry's title holds the term, sorted (:func:`_titled`)."""
+    titled: Mapping[int, npt.NDArray[np.int32]] = field(default_factory=dict)
+    """The documents whose entry's title holds the term, sorted, by how many terms their title holds (up to
+    ``MAX_TITLE_TERMS``): what :func:`_titled` looks up, a few small arrays whatever the KB's size."""
 
 
-_NO_VALUES = np.zeros(0, np.float32)
 _NO_ADDS = np.zeros(0, np.complex64)
 
 
@@ -441,26 +442,42 @@ class _Scored:
     """The (bounded) question, for :meth:`shown`."""
     _forms: dict[str, str] | None = None
     _runs: list[tuple[str, str]] = field(default_factory=list)
+    _shown: tuple[dict[str, str], dict[str, tuple[str, ...]]] | None = None
     titled: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_DOCS)
     """The documents whose title is the question (:func:`_titled`)."""
 
     def shown(self, terms: Sequence[str]) -> tuple[str, ...]:
-        """``terms`` as the question wrote them (``CORS``, not its stem ``cor``; ``發票``, not ``发票``), each once:
-        what "matched" says."""
+        """``terms`` as the question wrote them (``CORS``, not its stem ``cor``; ``發票``, not ``发票``), each once,
+        and a word shown whole without its parts ("BackgroundTasks", not also "Background"; "离线模式", not also
+        "离线"): what "matched" says."""
         if not terms:
             return ()
-        forms = self._surface()
-        for t in terms if self._runs else ():  # a question with traditional characters: their terms as written
-            if t not in forms:
-                at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
-                forms[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
-        shown = list(dict.fromkeys(forms.get(t, t) for t in terms))
-        if len(shown) > MAX_SHOWN_FOLDED:
-            return tuple(shown)
-        # A word shown whole says its parts: "BackgroundTasks", not also "Background" and "Tasks"; "离线模式", not
-        # also "离线" and "模式".
-        folded = [w.casefold() for w in shown]
-        return tuple(w for w, f in zip(shown, folded, strict=True) if not any(f != o and f in o for o in folded))
+        display, within = self._shown or self._display()
+        shown = tuple(dict.fromkeys(map(display.get, terms, terms)))  # a call per result listed: kept lean
+        if not within:
+            return shown
+        held = set(shown)
+        return tuple(w for w in shown if not any(o in held for o in within.get(w, ())))
+
+    def _display(self) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+        """The question's terms as written, and for each such word the longer ones of the question holding it;
+        worked out once per question, not per result listed."""
+        if self._shown is None:
+            display = dict(self._surface())
+            for t in self.terms if self._runs else ():  # a question with traditional characters: terms as written
+                if t not in display:
+                    at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
+                    display[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
+            words = list(dict.fromkeys(display.get(t, t) for t in self.terms))
+            within: dict[str, tuple[str, ...]] = {}
+            if len(words) <= MAX_SHOWN_FOLDED:  # quadratic: a long paste lists parts beside their wholes
+                folded = [w.casefold() for w in words]
+                for w, f in zip(words, folded, strict=True):
+                    holders = tuple(o for o, g in zip(words, folded, strict=True) if g != f and f in g)
+                    if holders:
+                        within[w] = holders
+            self._shown = (display, within)
+        return self._shown
 
     def cover(self) -> npt.NDArray[np.float32]:
         """Per document, the share of the question's informative weight it covers (see :func:`informative`)."""
@@ -739,7 +756,9 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
     adds = (gain * np.float32(rank) + 1j * (weight * cover)).astype(np.complex64)
-    titled = next((d for name, (d, _) in hits if name == "title"), _NO_DOCS)
+    in_title = next((d for name, (d, _) in hits if name == "title"), _NO_DOCS)
+    sizes = loaded.index.lengths[in_title, _TITLE]
+    titled = {int(k): in_title[sizes == k] for k in np.unique(sizes).tolist() if k <= MAX_TITLE_TERMS}
     row = _Row(docs, adds, cover, weight, rank, subj, titled)
     loaded.rows[key] = row
     return row
@@ -766,7 +785,7 @@ def _score(
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
     per_term: list[_Term] = []
-    titles: list[npt.NDArray[np.int32]] = []
+    titles: list[Mapping[int, npt.NDArray[np.int32]]] = []
     for term in terms:
         row = _row(loaded, term)
         if len(row.docs) and term in identifiers:
@@ -797,29 +816,27 @@ def _score(
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
-    scored.titled = _titled(loaded, titles)
+    scored.titled = _titled(titles)
     return scored
 
 
 MAX_SHOWN_FOLDED = 32
-"""Matched words beyond this many are listed as they are, parts beside their wholes (the check is quadratic)."""
+"""A question of more words lists matched parts beside their wholes (the check is quadratic)."""
 MAX_TITLE_TERMS = 8
 _TITLE = FIELDS.index("title")
 """A question of more terms is no document's title (:func:`_titled`): the check is not made."""
 
 
-def _titled(loaded: _Loaded, titles: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
+def _titled(titles: Sequence[Mapping[int, npt.NDArray[np.int32]]]) -> npt.NDArray[np.int32]:
     """The documents whose title is the question, word for word (its terms, no other: ``测试`` and the page titled
     测试, ``配置限流`` and one titled 如何配置限流): a person typing a page's title asks for that page, however many
     longer or shorter pages use the word more (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件).
-    ``titles``: per question term, the documents whose title holds it."""
-    if not titles or any(not len(t) for t in titles):
-        return _NO_DOCS
-    ordered = sorted(titles, key=len)
-    # A title holding every term of the question is the question when it holds no other (and none twice): the
-    # length test first, on the fewest documents, then each other term's sorted documents searched.
-    found: npt.NDArray[np.int32] = ordered[0][loaded.index.lengths[ordered[0], _TITLE] == len(titles)]
-    for docs in ordered[1:]:
+    ``titles``: per question term, the documents whose title holds it, by the number of terms of their title."""
+    # A title holding every term of the question is the question when it holds no other (and none twice): of each
+    # term's documents, those whose title has as many terms as the question; then the fewest searched in the rest.
+    lists = sorted((t.get(len(titles), _NO_DOCS) for t in titles), key=len)
+    found = lists[0] if lists else _NO_DOCS
+    for docs in lists[1:]:
         if not len(found):
             break
         at = np.minimum(np.searchsorted(docs, found), len(docs) - 1)
@@ -963,8 +980,9 @@ def _rank(
         if len(scored.titled) and len(final):
             # The page titled with the question ranks above every other (see :func:`_titled`), its score raised
             # past theirs so that the listing stays in the order of its scores.
-            titled = np.isin(candidates, scored.titled, assume_unique=True)
-            final = np.where(titled, final + final.max(), final).astype(np.float32)
+            at = np.minimum(np.searchsorted(candidates, scored.titled), len(candidates) - 1)
+            at = at[candidates[at] == scored.titled]  # the candidates are sorted: a search per titled page
+            final[at] += final.max()
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
             keep = np.nonzero(final >= np.partition(final, len(final) - limit)[len(final) - limit])[0]
             candidates, final = candidates[keep], final[keep]
