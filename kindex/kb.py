@@ -46,6 +46,7 @@ from kindex.retrieve import (
     DEFAULT_MIN_RELEVANCE,
     Retriever,
     check_context_options,
+    off_topic,
 )
 from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library
 from kindex.validate import validate
@@ -236,7 +237,7 @@ class KnowledgeBase:
         relevance = s.min_relevance if min_relevance is None else min_relevance
         results = retriever.search(message, paths=paths, limit=limit, min_relevance=relevance)
         warnings = (*retriever.warnings(), *(() if problem is None else (problem,)), *retriever.unservable(results))
-        return Ranking(results=tuple(results), off_topic=not results, warnings=warnings)
+        return Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
 
     # -- generation -----------------------------------------------------------------------------------------------
 

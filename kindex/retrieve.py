@@ -58,7 +58,7 @@ from kindex.globs import (
 )
 from kindex.records import INDEX_FILE
 from kindex.results import Context, ContextItem, context_item
-from kindex.scan import document_start, kb_folder, servable
+from kindex.scan import MAX_DOC_BYTES, document_start, kb_folder, servable
 from kindex.searchindex import (
     FIELDS,
     SEARCH_FILE,
@@ -973,16 +973,25 @@ def _rank(
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
     if named:
         candidates = np.setdiff1d(candidates, named, assume_unique=True)
-    if scored.on_topic(candidates, min_relevance):
+    titled = _among(scored.titled, candidates)
+    # A page's title asked word for word is on topic whatever its words' weight: `CASE`, `Trigger` or `Go` to a
+    # database's manual name a page, though the manual uses them too often for them to cover a question.
+    if len(titled) or scored.on_topic(candidates, min_relevance):
         t_scores, _, _ = _theme_scores(loaded, scored)
         # The prior added to every document, then the candidates' picked: one gather of them, not three.
         final = (scored.scores + np.float32(THEME_PRIOR) * t_scores[loaded.theme_of])[candidates]
-        if len(scored.titled) and len(final):
+        if len(titled):
             # The page titled with the question ranks above every other (see :func:`_titled`), its score raised
-            # past theirs so that the listing stays in the order of its scores.
-            at = np.minimum(np.searchsorted(candidates, scored.titled), len(candidates) - 1)
-            at = at[candidates[at] == scored.titled]  # the candidates are sorted: a search per titled page
-            final[at] += final.max()
+            # past theirs so that the listing stays in the order of its scores; one titled with it character for
+            # character (`Trigger`, not `Triggers`, whose stem is the same) above those.
+            at = np.searchsorted(candidates, titled)
+            top = final.max()
+            final[at] += top
+            asked = _title_key(scored.message)
+            exact = [
+                i for i, d in zip(at.tolist(), titled.tolist(), strict=True) if _title_key(_title(loaded, d)) == asked
+            ]
+            final[exact] += top
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
             keep = np.nonzero(final >= np.partition(final, len(final) - limit)[len(final) - limit])[0]
             candidates, final = candidates[keep], final[keep]
@@ -992,6 +1001,30 @@ def _rank(
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), MATCHED))
     return hits
+
+
+def off_topic(items: Sequence[ContextItem]) -> bool:
+    """Whether a ranking answers nothing of the question: no document matched it or is named in it (the rules a
+    path brings in may be listed all the same, as :meth:`Retriever.context` serves them with the overview)."""
+    return not any(it.reason in (MATCHED, NAMED) for it in items)
+
+
+def _among(docs: npt.NDArray[np.int32], candidates: npt.NDArray[np.intp]) -> npt.NDArray[np.int32]:
+    """Those of ``docs`` (few) that are among ``candidates`` (sorted): a search per document."""
+    if not len(docs) or not len(candidates):
+        return _NO_DOCS
+    at = np.minimum(np.searchsorted(candidates, docs), len(candidates) - 1)
+    found: npt.NDArray[np.int32] = docs[candidates[at] == docs]
+    return found
+
+
+def _title(loaded: _Loaded, doc: int) -> str:
+    return str(loaded.index.docs[doc].entry.get("title", ""))
+
+
+def _title_key(text: str) -> str:
+    """A title or a question as compared character for character: case, width, script and punctuation aside."""
+    return "".join(c for c in normalize(text) if c.isalnum())
 
 
 def check_context_options(budget_tokens: int, max_docs: int, min_relevance: float) -> None:
@@ -1227,8 +1260,8 @@ class Retriever:
         indexed it): :meth:`search` ranks the index and reads no file, and a one-shot listing should not send its
         reader to a file that is gone. A stat per document."""
         return tuple(
-            f"{it.path} is in the index but not in the folder (deleted or renamed?): `kindex validate` names what "
-            "to run"
+            f"{it.path} is in the index but cannot be read from the folder (deleted, renamed, or grown past "
+            f"{MAX_DOC_BYTES // 2**20} MiB?): `kindex validate` names what to run"
             for it in items
             if it.level == "document" and not servable(self.root, it.path)
         )[:MAX_WARNINGS]

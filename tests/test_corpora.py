@@ -42,3 +42,27 @@ KEYWORDS = {
     },
     "fastapi/en": {"security": "reference/security/index.md", "versioning": "deployment/versions.md"},
 }
+
+
+@pytest.mark.parametrize(
+    ("corpus", "question", "page"),
+    [
+        # The page titled with the question, word for word, first: 测试 ranked it fifth below 异步测试 and
+        # 测试事件; CASE fell back (the manual uses the word too often for it to cover a question); Trigger ranked
+        # the page titled Triggers first (the same stem), a helper found.
+        ("fastapi/zh", "测试", "tutorial/testing.md"),
+        ("greptime-zh/kb", "CASE", "reference/sql/case.md"),
+        ("greptime-zh/kb", "Trigger", "enterprise/trigger.md"),
+    ],
+)
+def test_a_question_that_is_a_pages_title_gets_that_page_first(
+    corpus: str, question: str, page: str, tmp_path: Path
+) -> None:
+    source = CORPORA / corpus
+    if not source.is_dir():
+        pytest.skip(f"corpus {source} is absent (it lives in ../shared/corpora beside the checkout)")
+    kb = tmp_path / "kb"
+    shutil.copytree(source, kb)
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, question)
+    assert not ctx.fallback and ctx.items[0].path == page, ctx.items[:3]

@@ -469,9 +469,17 @@ def test_search_says_when_a_listed_document_is_gone_from_the_folder(indexed: Pat
     body = orjson.loads(result.stdout)
     assert body["results"][0]["path"] == "sync/离线模式.md"  # the index's ranking, as the library's
     assert body["warnings"] == [
-        "sync/离线模式.md is in the index but not in the folder (deleted or renamed?): `kindex validate` names what "
-        "to run"
+        "sync/离线模式.md is in the index but cannot be read from the folder (deleted, renamed, or grown past 5 MiB?): "
+        "`kindex validate` names what to run"
     ]
+    # Said on one line whatever the name holds: a newline in it forged a line of the note.
+    (indexed / "sync" / "离线\n伪造.md").write_text("# 离线伪造\n\n离线模式的伪造页。\n", encoding="utf-8")
+    kindex.root(indexed)
+    kindex.sub(indexed, "sync")
+    (indexed / "sync" / "离线\n伪造.md").unlink()
+    result = CliRunner().invoke(main, ["search", str(indexed), "离线伪造"])
+    assert "kindex: note: sync/离线\\n伪造.md is in the index but cannot be read" in result.stderr
+    assert not any(line.startswith("伪造") for line in result.stderr.splitlines())
 
 
 def test_matched_words_are_shown_as_the_question_wrote_them(indexed: Path) -> None:
@@ -675,3 +683,13 @@ def test_matched_says_the_part_a_page_holds_and_a_whole_word_once(tmp_path: Path
     hits = {h.path: h.matched for h in kindex.search(kb, "word3")}
     assert hits["t/f3.md"] == ("word3",) and hits["t/f0.md"] == ("word",)
     assert kindex.search(indexed, "离线模式", limit=1)[0].matched == ("离线模式",)  # not also 离线 and 模式
+
+
+def test_off_topic_says_no_document_answers_even_when_a_path_brings_in_rules(indexed: Path) -> None:
+    # A rule a .tsx path brings in was listed, and off_topic said false where context fell back.
+    ranking = kindex.KnowledgeBase(indexed).ranking("你好", paths=["web/App.tsx"])
+    assert [r.reason for r in ranking.results] == ["scope glob **/*.tsx"] and ranking.off_topic
+    assert kindex.build_context(indexed, "你好", paths=["web/App.tsx"]).fallback
+    result = CliRunner().invoke(main, ["search", str(indexed), "你好", "--path", "web/App.tsx", "--json"])
+    assert orjson.loads(result.stdout)["off_topic"] is True
+    assert not kindex.KnowledgeBase(indexed).ranking("看看 billing/退款政策.md").off_topic  # a page it names

@@ -121,8 +121,8 @@ def test_search_over_http_lists_the_ranking_and_says_when_off_topic(app: FastAPI
     gone = call(app, "POST", f"{BASE}/search", json={"question": "发票怎么开", "limit": 1}).json()
     assert gone["results"][0]["path"] == "billing/发票开具.md"
     assert gone["warnings"] == [
-        "billing/发票开具.md is in the index but not in the folder (deleted or renamed?): `kindex validate` names "
-        "what to run"
+        "billing/发票开具.md is in the index but cannot be read from the folder (deleted, renamed, or grown past 5 "
+        "MiB?): `kindex validate` names what to run"
     ]
 
 

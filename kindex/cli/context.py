@@ -17,6 +17,7 @@ from kindex.retrieve import (
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
     Retriever,
+    off_topic,
 )
 from kindex.skillmodel import SkillShelf
 
@@ -138,8 +139,8 @@ def context(
 
 def _note_warnings(warnings: Sequence[str]) -> None:
     # Readers never write: until a step saves new tables, every one-shot command rebuilds them (~0.5 s on 150 pages).
-    for warning in warnings:
-        click.echo(f"kindex: note: {warning}", err=True)
+    for warning in warnings:  # a warning may quote a file name: one line, escaped
+        click.echo(f"kindex: note: {shown(warning)}", err=True)
 
 
 @click.command()
@@ -173,7 +174,7 @@ def search(
     warnings += retriever.unservable(results)
     _note_warnings(warnings)
     if as_json:
-        ranking = Ranking(results=tuple(results), off_topic=not results, warnings=warnings)
+        ranking = Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
         click.echo(orjson.dumps(ranking.to_dict(), option=orjson.OPT_INDENT_2).decode())
         return
     if not results:
