@@ -19,6 +19,7 @@ import os
 import threading
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,9 +230,10 @@ class _Row:
     1 for a word specific to the KB and for every other term)."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
-    titled: Mapping[int, npt.NDArray[np.int32]] = field(default_factory=dict)
+    titled: Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = field(default_factory=dict)
     """The documents whose entry's title holds the term, sorted, by how many terms their title holds (up to
-    ``MAX_TITLE_TERMS``): what :func:`_titled` looks up, a few small arrays whatever the KB's size."""
+    ``MAX_TITLE_TERMS``), with how often each title holds the term: what :func:`_titled` looks up, a few small
+    arrays whatever the KB's size."""
 
 
 _NO_ADDS = np.zeros(0, np.complex64)
@@ -645,15 +647,13 @@ def _bounded(message: str) -> str:
     return head + "\n" + tail
 
 
-def _query_terms(message: str, loaded: _Loaded) -> list[str]:
-    return list(dict.fromkeys(analyze(_bounded(message), loaded.index.vocab)))
-
-
 def _scored(loaded: _Loaded, message: str) -> _Scored:
     """The scores of every document for ``message`` (see :func:`_score`)."""
     bounded = _bounded(message)
     english = not has_han(bounded)
-    scored = _score(loaded, _query_terms(message, loaded), value_terms(bounded), identifier_terms(bounded), english)
+    analysed = analyze(bounded, loaded.index.vocab)
+    counts = Counter(analysed)
+    scored = _score(loaded, list(counts), value_terms(bounded), identifier_terms(bounded), english, counts)
     scored.message = bounded
     return scored
 
@@ -756,9 +756,13 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
     adds = (gain * np.float32(rank) + 1j * (weight * cover)).astype(np.complex64)
-    in_title = next((d for name, (d, _) in hits if name == "title"), _NO_DOCS)
+    in_title, in_title_tf = next(((d, tf) for name, (d, tf) in hits if name == "title"), (_NO_DOCS, _NO_VALUES))
     sizes = loaded.index.lengths[in_title, _TITLE]
-    titled = {int(k): in_title[sizes == k] for k in np.unique(sizes).tolist() if k <= MAX_TITLE_TERMS}
+    titled = {
+        int(k): (in_title[sizes == k], in_title_tf[sizes == k])
+        for k in np.unique(sizes).tolist()
+        if k <= MAX_TITLE_TERMS
+    }
     row = _Row(docs, adds, cover, weight, rank, subj, titled)
     loaded.rows[key] = row
     return row
@@ -770,6 +774,7 @@ def _score(
     values: frozenset[str] = frozenset(),
     identifiers: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
     english: bool = False,
+    counts: Mapping[str, int] = MappingProxyType({}),
 ) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
@@ -785,7 +790,7 @@ def _score(
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
     per_term: list[_Term] = []
-    titles: list[Mapping[int, npt.NDArray[np.int32]]] = []
+    titles: list[tuple[Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]], int]] = []
     for term in terms:
         row = _row(loaded, term)
         if len(row.docs) and term in identifiers:
@@ -810,31 +815,39 @@ def _score(
         weight = 0.0 if value or letter else row.weight
         total += weight
         per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
-        if len(terms) <= MAX_TITLE_TERMS:
-            titles.append(row.titled)
+        titles.append((row.titled, counts.get(term, 1)))
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
-    scored.titled = _titled(titles)
+    size = sum(counts.values()) if counts else len(terms)
+    scored.titled = _titled(titles, size) if size <= MAX_TITLE_TERMS else _NO_DOCS
     return scored
 
 
 MAX_SHOWN_FOLDED = 32
 """A question of more words lists matched parts beside their wholes (the check is quadratic)."""
-MAX_TITLE_TERMS = 8
+MAX_TITLE_TERMS = 12
+"""A question of more terms (repeats counted) is no document's title (:func:`_titled`): the check is not made."""
 _TITLE = FIELDS.index("title")
-"""A question of more terms is no document's title (:func:`_titled`): the check is not made."""
 
 
-def _titled(titles: Sequence[Mapping[int, npt.NDArray[np.int32]]]) -> npt.NDArray[np.int32]:
-    """The documents whose title is the question, word for word (its terms, no other: ``测试`` and the page titled
-    测试, ``配置限流`` and one titled 如何配置限流): a person typing a page's title asks for that page, however many
-    longer or shorter pages use the word more (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件).
-    ``titles``: per question term, the documents whose title holds it, by the number of terms of their title."""
-    # A title holding every term of the question is the question when it holds no other (and none twice): of each
-    # term's documents, those whose title has as many terms as the question; then the fewest searched in the rest.
-    lists = sorted((t.get(len(titles), _NO_DOCS) for t in titles), key=len)
+def _titled(
+    titles: Sequence[tuple[Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]], int]], size: int
+) -> npt.NDArray[np.int32]:
+    """The documents whose title is the question, word for word (its terms, as often, no other: ``测试`` and the page
+    titled 测试, ``配置限流`` and one titled 如何配置限流, ``Static Files - StaticFiles`` and the page titled so): a
+    person typing a page's title asks for that page, however many longer or shorter pages use the word more
+    (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件). ``titles``: per distinct question term,
+    the documents whose title holds it (by the number of terms of their title, with how often it holds the term)
+    and how often the question holds it; ``size``: the question's terms, repeats counted."""
+    # A title of as many terms as the question, holding each of its terms as often, is the question: of each term's
+    # documents, those; then the fewest searched in the rest.
+    lists = []
+    for by_size, count in titles:
+        docs, tfs = by_size.get(size, (_NO_DOCS, _NO_VALUES))
+        lists.append(docs[tfs == count])
+    lists.sort(key=len)
     found = lists[0] if lists else _NO_DOCS
     for docs in lists[1:]:
         if not len(found):

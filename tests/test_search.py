@@ -672,6 +672,18 @@ def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
     assert hits[0].path == "t/limits.md" and hits[0].score > hits[1].score  # listed in the order of its scores
     assert next(i.path for i in kindex.search(kb, "异步测试")) == "t/async.md"
 
+    # A title repeating its words (static, file, staticfiles, static, file) is asked as written: it was compared
+    # with the question's distinct terms, and a page titled "Static Files" came first (a helper found).
+    (kb / "t" / "ref.md").write_text("# Static Files - StaticFiles\n\nThe class.\n", encoding="utf-8")
+    (kb / "t" / "guide.md").write_text(
+        "# Static Files\n\n## Use StaticFiles\n\n## Mount StaticFiles\n\n"
+        + "Serve static files with StaticFiles: static files from a folder, StaticFiles mounted.\n" * 3,
+        encoding="utf-8",
+    )
+    kindex.reindex(kb)
+    assert [i.path for i in kindex.search(kb, "Static Files - StaticFiles")][:2] == ["t/ref.md", "t/guide.md"]
+    assert next(i.path for i in kindex.search(kb, "static files")) == "t/guide.md"
+
 
 def test_matched_says_the_part_a_page_holds_and_a_whole_word_once(tmp_path: Path, indexed: Path) -> None:
     # "word4" listed pages holding word0…word5 as "matched word4": they share only its part "word".
