@@ -790,6 +790,7 @@ def _score(
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
     per_term: list[_Term] = []
+    size = sum(counts.values()) if counts else len(terms)  # the question's terms, repeats counted
     titles: list[tuple[Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]], int]] = []
     for term in terms:
         row = _row(loaded, term)
@@ -815,13 +816,13 @@ def _score(
         weight = 0.0 if value or letter else row.weight
         total += weight
         per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
-        titles.append((row.titled, counts.get(term, 1)))
+        if size <= MAX_TITLE_TERMS:
+            titles.append((row.titled, counts.get(term, 1)))
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
-    size = sum(counts.values()) if counts else len(terms)
-    scored.titled = _titled(titles, size) if size <= MAX_TITLE_TERMS else _NO_DOCS
+    scored.titled = _titled(titles, size) if titles else _NO_DOCS
     return scored
 
 
@@ -841,19 +842,23 @@ def _titled(
     (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件). ``titles``: per distinct question term,
     the documents whose title holds it (by the number of terms of their title, with how often it holds the term)
     and how often the question holds it; ``size``: the question's terms, repeats counted."""
-    # A title of as many terms as the question, holding each of its terms as often, is the question: of each term's
-    # documents, those; then the fewest searched in the rest.
-    lists = []
+    # A title of as many terms as the question, holding each of its terms as often, is the question. Most
+    # questions end at a dictionary lookup (some term is in no title of that size); else the fewest documents are
+    # kept where they hold their term as often, then searched in the other terms' documents.
+    sized = []
     for by_size, count in titles:
-        docs, tfs = by_size.get(size, (_NO_DOCS, _NO_VALUES))
-        lists.append(docs[tfs == count])
-    lists.sort(key=len)
-    found = lists[0] if lists else _NO_DOCS
-    for docs in lists[1:]:
+        got = by_size.get(size)
+        if got is None:
+            return _NO_DOCS
+        sized.append((got, count))
+    sized.sort(key=lambda g: len(g[0][0]))
+    (docs, tfs), count = sized[0]
+    found: npt.NDArray[np.int32] = docs[tfs == count]
+    for (docs, tfs), count in sized[1:]:
         if not len(found):
             break
         at = np.minimum(np.searchsorted(docs, found), len(docs) - 1)
-        found = found[docs[at] == found]
+        found = found[(docs[at] == found) & (tfs[at] == count)]
     return found
 
 
