@@ -19,7 +19,6 @@ import os
 import threading
 import time
 import unicodedata
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -652,8 +651,8 @@ def _scored(loaded: _Loaded, message: str) -> _Scored:
     bounded = _bounded(message)
     english = not has_han(bounded)
     analysed = analyze(bounded, loaded.index.vocab)
-    counts = Counter(analysed)
-    scored = _score(loaded, list(counts), value_terms(bounded), identifier_terms(bounded), english, counts)
+    terms = list(dict.fromkeys(analysed))
+    scored = _score(loaded, terms, value_terms(bounded), identifier_terms(bounded), english, analysed)
     scored.message = bounded
     return scored
 
@@ -774,7 +773,7 @@ def _score(
     values: frozenset[str] = frozenset(),
     identifiers: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
     english: bool = False,
-    counts: Mapping[str, int] = MappingProxyType({}),
+    asked: Sequence[str] = (),
 ) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
@@ -790,8 +789,11 @@ def _score(
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
     per_term: list[_Term] = []
-    size = sum(counts.values()) if counts else len(terms)  # the question's terms, repeats counted
-    titles: list[tuple[Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]], int]] = []
+    size = len(asked) or len(terms)  # the question's terms, repeats counted
+    # Each term's pages whose title has ``size`` terms (:func:`_titled`): most questions stop at one term in none.
+    titles: list[tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]], str]] | None = (
+        [] if size <= MAX_TITLE_TERMS else None
+    )
     for term in terms:
         row = _row(loaded, term)
         if len(row.docs) and term in identifiers:
@@ -816,13 +818,14 @@ def _score(
         weight = 0.0 if value or letter else row.weight
         total += weight
         per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
-        if size <= MAX_TITLE_TERMS:
-            titles.append((row.titled, counts.get(term, 1)))
+        if titles is not None:
+            got = row.titled.get(size)
+            titles = None if got is None else [*titles, (got, term)]
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
-    scored.titled = _titled(titles, size) if titles else _NO_DOCS
+    scored.titled = _titled(titles, asked or terms) if titles else _NO_DOCS
     return scored
 
 
@@ -834,31 +837,24 @@ _TITLE = FIELDS.index("title")
 
 
 def _titled(
-    titles: Sequence[tuple[Mapping[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]], int]], size: int
+    titles: Sequence[tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]], str]], asked: Sequence[str]
 ) -> npt.NDArray[np.int32]:
     """The documents whose title is the question, word for word (its terms, as often, no other: ``测试`` and the page
     titled 测试, ``配置限流`` and one titled 如何配置限流, ``Static Files - StaticFiles`` and the page titled so): a
     person typing a page's title asks for that page, however many longer or shorter pages use the word more
     (``测试`` ranked the page titled so fifth, below 异步测试 and 测试事件). ``titles``: per distinct question term,
-    the documents whose title holds it (by the number of terms of their title, with how often it holds the term)
-    and how often the question holds it; ``size``: the question's terms, repeats counted."""
-    # A title of as many terms as the question, holding each of its terms as often, is the question. Most
-    # questions end at a dictionary lookup (some term is in no title of that size); else the fewest documents are
-    # kept where they hold their term as often, then searched in the other terms' documents.
-    sized = []
-    for by_size, count in titles:
-        got = by_size.get(size)
-        if got is None:
-            return _NO_DOCS
-        sized.append((got, count))
-    sized.sort(key=lambda g: len(g[0][0]))
-    (docs, tfs), count = sized[0]
-    found: npt.NDArray[np.int32] = docs[tfs == count]
-    for (docs, tfs), count in sized[1:]:
+    the documents whose title has as many terms as the question and holds that term, with how often; ``asked``: the
+    question's terms, repeats kept."""
+    # A title of as many terms as the question, holding each of its terms as often, is the question: the fewest
+    # documents kept where they hold their term as often, then searched in the other terms' documents.
+    ordered = sorted(titles, key=lambda g: len(g[0][0]))
+    (docs, tfs), term = ordered[0]
+    found: npt.NDArray[np.int32] = docs[tfs == asked.count(term)]
+    for (docs, tfs), term in ordered[1:]:
         if not len(found):
             break
         at = np.minimum(np.searchsorted(docs, found), len(docs) - 1)
-        found = found[(docs[at] == found) & (tfs[at] == count)]
+        found = found[(docs[at] == found) & (tfs[at] == asked.count(term))]
     return found
 
 
