@@ -464,17 +464,19 @@ class _Scored:
         """The question's terms as written, and for each such word the longer ones of the question holding it;
         worked out once per question, not per result listed."""
         if self._shown is None:
-            display = dict(self._surface())
-            for t in self.terms if self._runs else ():  # a question with traditional characters: terms as written
-                if t not in display:
-                    at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
-                    display[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
-            words = list(dict.fromkeys(display.get(t, t) for t in self.terms))
+            display = self._surface()
+            if self._runs:  # a question with traditional characters: its terms as written
+                display = dict(display)
+                for t in self.terms:
+                    if t not in display:
+                        at = next(((r, i) for r in self._runs if (i := r[0].find(t)) >= 0), None)
+                        display[t] = t if at is None else at[0][1][at[1] : at[1] + len(t)]
+            words = list(dict.fromkeys(map(display.get, self.terms, self.terms)))
             within: dict[str, tuple[str, ...]] = {}
-            if len(words) <= MAX_SHOWN_FOLDED:  # quadratic: a long paste lists parts beside their wholes
-                folded = [w.casefold() for w in words]
-                for w, f in zip(words, folded, strict=True):
-                    holders = tuple(o for o, g in zip(words, folded, strict=True) if g != f and f in g)
+            if 1 < len(words) <= MAX_SHOWN_FOLDED:  # quadratic: a long paste lists parts beside their wholes
+                folded = [(w.casefold(), w) for w in words]
+                for f, w in folded:
+                    holders = tuple(o for g, o in folded if len(g) > len(f) and f in g)
                     if holders:
                         within[w] = holders
             self._shown = (display, within)
