@@ -46,7 +46,6 @@ from kindex.retrieve import (
     DEFAULT_MIN_RELEVANCE,
     Retriever,
     check_context_options,
-    off_topic,
 )
 from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library
 from kindex.validate import validate
@@ -233,11 +232,8 @@ class KnowledgeBase:
         question is off topic, and the warnings (a broken ``kindex.toml`` left out, an index file that cannot be
         read, a listed document gone from the folder)."""
         s, problem = self._for_reading()
-        retriever = self.retriever
         relevance = s.min_relevance if min_relevance is None else min_relevance
-        results = retriever.search(message, paths=paths, limit=limit, min_relevance=relevance)
-        warnings = (*retriever.warnings(), *(() if problem is None else (problem,)), *retriever.unservable(results))
-        return Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
+        return self.retriever.ranking(message, paths=paths, limit=limit, min_relevance=relevance, problem=problem)
 
     # -- generation -----------------------------------------------------------------------------------------------
 

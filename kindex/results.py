@@ -193,7 +193,10 @@ class Ranking(Result):
     HTTP service and the MCP server)."""
 
     results: tuple[ContextItem, ...] = Field(description="Best first: path, title, abstract, score, matched words.")
-    off_topic: bool = Field(description="No document covers the question: the KB does not answer it.")
+    off_topic: bool = Field(
+        description="No document matched the question or is named in it: the KB does not answer it (rules a path "
+        "brings in may be listed all the same)."
+    )
     warnings: tuple[str, ...] = Field(
         default=(), description="What is wrong with the index or the folder (a listed document deleted since)."
     )

@@ -57,7 +57,7 @@ from kindex.globs import (
     paths_in_text,
 )
 from kindex.records import INDEX_FILE
-from kindex.results import Context, ContextItem, context_item
+from kindex.results import Context, ContextItem, Ranking, context_item
 from kindex.scan import MAX_DOC_BYTES, document_start, kb_folder, servable
 from kindex.searchindex import (
     FIELDS,
@@ -822,7 +822,10 @@ def _score(
         per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
         if titles is not None:
             got = row.titled.get(size)
-            titles = None if got is None else [*titles, (got, term)]
+            if got is None:
+                titles = None  # no title of the question's size holds this term: none is the question
+            else:
+                titles.append((got, term))
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
@@ -1270,6 +1273,22 @@ class Retriever:
     def warnings(self) -> tuple[str, ...]:
         """What is wrong with the index the current tables came from (see :attr:`Context.warnings`)."""
         return self.loaded().warnings
+
+    def ranking(
+        self,
+        message: str,
+        *,
+        paths: Sequence[str] = (),
+        limit: int = 10,
+        min_relevance: float = DEFAULT_MIN_RELEVANCE,
+        problem: str | None = None,
+    ) -> Ranking:
+        """:meth:`search` with what a caller that does not hold the library is told: whether the question is off
+        topic (:func:`off_topic`) and the warnings (the index's, ``problem``: settings left out of the answer, and a
+        listed document gone from the folder)."""
+        results = self.search(message, paths=paths, limit=limit, min_relevance=min_relevance)
+        warnings = (*self.warnings(), *(() if problem is None else (problem,)), *self.unservable(results))
+        return Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
 
     def unservable(self, items: Sequence[ContextItem]) -> tuple[str, ...]:
         """A warning for each listed document that cannot be read any more (deleted or renamed since the step that

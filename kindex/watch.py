@@ -265,7 +265,7 @@ class Watcher:
         restarts: list[float] = []
         while not self.stopped.is_set():
             try:
-                self._watch(root, first=not restarts)
+                self._watch(root, first=not self.ready.is_set())  # a restart before the first yield is the first
                 return
             except RuntimeError as exc:  # watchfiles' own failure (a file name that is not UTF-8, even in .git/)
                 now = _clock()

@@ -635,3 +635,29 @@ def test_a_failure_of_the_file_watcher_itself_does_not_end_the_watch(
     finally:
         running.watcher.stop()
         running.thread.join(30)
+
+
+def test_a_watcher_that_fails_before_it_is_ready_still_becomes_ready(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failure before the first batch restarted the watch as a restart: `ready` was never set, and whoever waited
+    # for it (the service's PUT …/watch, a test) waited for good.
+    real = watchfiles.watch
+    started: list[int] = []
+
+    def failing_first(*args: Any, **kwargs: Any) -> Iterator[set[tuple[watchfiles.Change, str]]]:
+        started.append(1)
+        if len(started) == 1:
+            raise RuntimeError("Unable to decode path at registration")
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(watchfiles, "watch", failing_first)
+    client = FakeClient()
+    kindex.KnowledgeBase(sample_kb, client=client).reindex()
+    running = Running(sample_kb, client)  # asserts that it becomes ready
+    try:
+        assert running.next().error == "the file watcher failed (Unable to decode path at registration): watching again"
+        assert len(started) == 2
+    finally:
+        running.watcher.stop()
+        running.thread.join(30)

@@ -11,13 +11,11 @@ import orjson
 
 from kindex.cli.options import json_opt, kb_arg, shown
 from kindex.config import MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, resolve
-from kindex.results import Ranking
 from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
     Retriever,
-    off_topic,
 )
 from kindex.skillmodel import SkillShelf
 
@@ -168,13 +166,12 @@ def search(
       kindex search sample_kb "发票" --json | jq '.results[0].path'
     """
     settings = resolve(kb, {"min_relevance": min_relevance}, for_reading=True)
-    retriever = Retriever(kb)
-    results = retriever.search(question, paths=paths, limit=limit, min_relevance=settings["min_relevance"])
-    warnings = retriever.warnings() + (() if settings.problem is None else (settings.problem,))
-    warnings += retriever.unservable(results)
-    _note_warnings(warnings)
+    ranking = Retriever(kb).ranking(
+        question, paths=paths, limit=limit, min_relevance=settings["min_relevance"], problem=settings.problem
+    )
+    results = ranking.results
+    _note_warnings(ranking.warnings)
     if as_json:
-        ranking = Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
         click.echo(orjson.dumps(ranking.to_dict(), option=orjson.OPT_INDENT_2).decode())
         return
     if not results:
