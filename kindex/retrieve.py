@@ -203,6 +203,7 @@ def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
 
 
 _NO_DOCS: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+_NO_HOLDERS: npt.NDArray[np.intp] = np.zeros(0, np.intp)
 _NO_VALUES: npt.NDArray[np.float32] = np.zeros(0, np.float32)
 
 
@@ -211,13 +212,15 @@ class _Row:
     """What one term adds to every document holding it: computed from the seven fields' postings on the term's
     first use and kept with the loaded tables (see :func:`_row`)."""
 
-    docs: npt.NDArray[np.int32]
-    """The documents holding the term in any field, sorted."""
+    docs: npt.NDArray[np.intp]
+    """The documents holding the term in any field, sorted (as ``intp``: numpy's scatter-add takes such indices in
+    half the time of ``int32`` ones, and it is most of a warm call's cost on a large KB)."""
     adds: npt.NDArray[np.complex64]
     """Per document, what the term adds to a question: its gain (BM25F of the term plus the entry boost, before
     the term's weight in the question) as the real part, ``weight`` times ``cover`` (its part of the covered share
     of a question) as the imaginary part. One scatter-add per term then adds both: that scatter is most of a warm
-    call's cost on a large KB, and two of them cost nearly twice one."""
+    call's cost on a large KB, and two of them cost nearly twice one. Dense (one value per document of the KB) for a
+    term held by more than ``DENSE_ROW_SHARE`` of the documents: adding it is one sequential pass, not a scatter."""
     cover: npt.NDArray[np.float32]
     """Per document: the share of the term's informative weight it covers, 1 in its entry, else ``BODY_COVER``
     times the saturated body frequency (one passing mention counts little); 1 wherever for the exact row of a
@@ -236,6 +239,10 @@ class _Row:
 
 
 _NO_ADDS = np.zeros(0, np.complex64)
+DENSE_ROW_SHARE = 0.25
+"""A term's row is kept dense when it holds more than this share of the documents (:class:`_Row`): adding ``n``
+values in order costs about what scattering ``n / 10`` does, and a dense row takes at most four times the memory of
+the sparse one (numpy 2.4, 10,000 documents)."""
 
 
 @dataclass(slots=True)
@@ -415,7 +422,7 @@ class _Term:
     term: str
     weight: float
     """Its informative weight for the on-topic decision (see :func:`informative`)."""
-    docs: npt.NDArray[np.int32]
+    docs: npt.NDArray[np.intp]
     """The documents holding the term in any field, sorted."""
     subject: float
     """How far the term names a subject of the KB (:func:`subject`)."""
@@ -551,7 +558,7 @@ class _Scored:
     def matched(self, idxs: Sequence[int]) -> list[tuple[str, ...]]:
         """Per document of ``idxs`` (-1: none), the question's terms it holds: one search per term, not per pair."""
         found: list[list[str]] = [[] for _ in idxs]
-        at = np.asarray(idxs, dtype=np.int32)
+        at = np.asarray(idxs, dtype=np.intp)
         for t in sorted(self.per_term, key=lambda t: t.term):
             if not t.df:
                 continue
@@ -704,7 +711,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
     if not hits:
         idf = _absent_idf(n)
         weight = informative(term, idf, 0, 0.0)
-        row = _Row(_NO_DOCS, _NO_ADDS, _NO_VALUES, weight, 1.0, subject(term, 0, 0.0))
+        row = _Row(_NO_HOLDERS, _NO_ADDS, _NO_VALUES, weight, 1.0, subject(term, 0, 0.0))
         # The words a KB does not hold are unbounded (a flood of made-up words): only so many are kept.
         if loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM:
             loaded.absent += 1
@@ -728,7 +735,7 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
             if name in ("title", "tags"):
                 named += float(tf.sum())
     total_w = (body_w if body_exact is None else body_exact) + entry_w
-    docs = np.flatnonzero(total_w).astype(np.int32)
+    docs = np.flatnonzero(total_w)
     wtf, ew = total_w[docs], entry_w[docs]
     idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
     gain = idf * wtf / (K1 + wtf)
@@ -757,6 +764,12 @@ def _row(loaded: _Loaded, term: str, exact: bool = False, english: float | None 
         # not the on-topic question of whether the KB is about it at all (there the titles' rate of it counts).
         rank = GENERAL_WORD_RANK + (1 - GENERAL_WORD_RANK) * specificity(term, kb_rate)
     adds = (gain * np.float32(rank) + 1j * (weight * cover)).astype(np.complex64)
+    if len(docs) > n * DENSE_ROW_SHARE:
+        # A term in a good share of the documents is added as a dense row: one sequential pass over every document
+        # costs what scattering a tenth of them does.
+        dense = np.zeros(n, np.complex64)
+        dense[docs] = adds
+        adds = dense
     in_title, in_title_tf = next(((d, tf) for name, (d, tf) in hits if name == "title"), (_NO_DOCS, _NO_VALUES))
     sizes = loaded.index.lengths[in_title, _TITLE]
     titled = {
@@ -810,12 +823,14 @@ def _score(
             # A single character is weak evidence (账 in 到账, 记账, 账号; the "S" of "导出 C S V"): it may tip a tie,
             # not decide a rank.
             qw = SINGLE_HAN_WEIGHT if len(term) == 1 else PART_WEIGHT if term in weak else 1.0
-            # ``add.at`` takes the int32 rows as they are (an index expression would convert them first); each
-            # document is once in a row, so it adds exactly what ``adds[docs] += ...`` would.
-            if letter:
-                np.add.at(adds, row.docs, qw * row.adds.real)  # its gain only: it covers nothing
+            # A letter adds its gain only: it covers nothing.
+            gains = qw * row.adds.real if letter else row.adds if qw == 1.0 else qw * row.adds.real + 1j * row.adds.imag
+            if len(row.adds) == n:  # a dense row (see ``_Row.adds``)
+                adds += gains
             else:
-                np.add.at(adds, row.docs, row.adds if qw == 1.0 else qw * row.adds.real + 1j * row.adds.imag)
+                # Each document is once in a row, so ``add.at`` adds exactly what ``adds[docs] += ...`` would, in
+                # half its time (one pass, not a gather and a scatter).
+                np.add.at(adds, row.docs, gains)
         value = not df and term in values
         weight = 0.0 if value or letter else row.weight
         total += weight
@@ -875,7 +890,7 @@ def _english_row(loaded: _Loaded, term: str, plain: _Row) -> _Row:
         return _row(loaded, term, english=rate)
     if rate is not None:  # its plain row already found no posting: no need to look again
         weight = UNSEEN_ENGLISH_WEIGHT * _absent_idf(loaded.n)
-        row = _Row(_NO_DOCS, _NO_ADDS, _NO_VALUES, weight, 1.0, plain.subject)
+        row = _Row(_NO_HOLDERS, _NO_ADDS, _NO_VALUES, weight, 1.0, plain.subject)
     else:
         row = plain
     if len(row.docs) or (loaded.absent < MAX_ABSENT_ROWS and len(term) <= MAX_ABSENT_TERM):

@@ -702,7 +702,7 @@ def test_the_on_topic_rule_looks_past_the_best_covering_document() -> None:
     from kindex.retrieve import _Scored, _Term
 
     def term(name: str, weight: float, docs: list[int], subject: float) -> _Term:
-        d = np.array(docs, np.int32)
+        d = np.array(docs, np.intp)
         return _Term(name, weight, d, subject)
 
     # Document 0 covers all of the heavier, general word (subject 0.2); document 2 covers the lighter word that is a

@@ -705,3 +705,20 @@ def test_off_topic_says_no_document_answers_even_when_a_path_brings_in_rules(ind
     result = CliRunner().invoke(main, ["search", str(indexed), "你好", "--path", "web/App.tsx", "--json"])
     assert orjson.loads(result.stdout)["off_topic"] is True
     assert not kindex.KnowledgeBase(indexed).ranking("看看 billing/退款政策.md").off_topic  # a page it names
+
+
+@pytest.mark.parametrize("message", ["退款一般多久能到账", "how do I sign API requests", "账 C 语言 webhook 签名"])
+def test_dense_and_sparse_rows_score_alike(indexed: Path, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A term held by many documents is added as a dense row, the others scattered: the same sums either way, for
+    # whole words, single characters (a weak weight) and letters (a gain that covers nothing).
+    def scored(share: float) -> tuple[kindex.retrieve._Scored, set[bool]]:
+        monkeypatch.setattr(kindex.retrieve, "DENSE_ROW_SHARE", share)
+        loaded = kindex.KnowledgeBase(indexed).retriever.loaded()
+        loaded.rows.clear()
+        got = kindex.retrieve._scored(loaded, message)
+        return got, {len(r.adds) == loaded.n for r in loaded.rows.values() if 0 < len(r.docs) < loaded.n}
+
+    (dense, dense_kinds), (sparse, sparse_kinds) = scored(0.0), scored(1.0)
+    assert dense_kinds == {True} and sparse_kinds == {False}  # each way taken for every term held
+    assert dense.scores.any() and dense.covered.any()
+    assert np.array_equal(dense.scores, sparse.scores) and np.array_equal(dense.covered, sparse.covered)
