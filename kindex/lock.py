@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -119,7 +120,13 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
         st = os.stat(state / LOCK_FILE)
         mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino))
         held[kb] = [1, mine]
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "what": what,
+            "since": time.time(),
+            "process": _process(),
+        }
         atomic_write(state / HOLDER_FILE, orjson.dumps(holder))
         yield mine
     finally:
@@ -150,9 +157,26 @@ def _holder(state: Path) -> str:
         since = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
         if info["host"] == socket.gethostname() and not _alive(int(info["pid"])):
             return "a run that is just starting"  # the record is an ended run's, not yet replaced
+        process = info.get("process")
+        if isinstance(process, str) and process and process != f"kindex {info['what']}":
+            # A step of a server or a script (`kindex serve`'s reindex): "`kindex reindex`" sent a person looking
+            # for a command line that was never typed.
+            return f"a {info['what']} step of `{process}`, pid {info['pid']} on {info['host']}, since {since}"
         return f"`kindex {info['what']}`, pid {info['pid']} on {info['host']}, since {since}"
     except (OSError, ValueError, KeyError, TypeError, InvalidFileError):
         return "a run that is just starting" if not (state / HOLDER_FILE).exists() else "holder unknown"
+
+
+def _process() -> str:
+    """This process as a person would find it in ``ps``: the program's name and its first argument (``kindex serve``,
+    ``worker.py``), printable characters only."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("kindex."):  # ``python -m kindex``
+        program = "kindex"
+    else:
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    shown = " ".join([program or "python", *sys.argv[1:2]])[:80]
+    return "".join(c if c.isprintable() else "?" for c in shown)
 
 
 def _alive(pid: int) -> bool:

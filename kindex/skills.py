@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from kindex import generate
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError, SkillError, UsageError
+from kindex.errors import IndexMissingError, InvalidFileError, KindexError, SkillError, StorageError, UsageError
 from kindex.files import read_regular
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE
@@ -367,6 +367,13 @@ def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[s
 def _written_outside(out: str | os.PathLike[str], folders: Mapping[str, str | os.PathLike[str] | None]) -> Path:
     """``out`` resolved, or :class:`SkillError` when it lies in one of ``folders`` (a library, a workspace): a ZIP
     written there replaced the file of that name (``-o lib/pdf-tools/SKILL.md``, ``--zip lib/index.json``)."""
+    try:
+        kind: int | None = os.stat(out).st_mode
+    except OSError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):
+        # A device, a pipe or standard output behind a link (``/dev/stdout``): a ZIP goes into a file of its own.
+        raise SkillError(f"{out} is not a regular file: give the path of the ZIP file to write")
     target = Path(out).resolve()
     for what, folder in folders.items():
         if folder is not None and target.is_relative_to(Path(folder).resolve()):
@@ -466,12 +473,18 @@ def sync_skills(
             archive.writestr(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         atomic_write(_written_outside(zip_out, {"library": src_root, "workspace": dest_root}), buf.getvalue())
     if dest_root is not None:
-        dest_root.mkdir(parents=True, exist_ok=True)
-        for name in changed:
-            _swap_in(src_root / skills[name].folder, dest_root, name)
-        for name in removed:
-            if NAME.fullmatch(name) and (dest_root / name).is_dir():
-                shutil.rmtree(dest_root / name)
+        try:
+            dest_root.mkdir(parents=True, exist_ok=True)
+            for name in changed:
+                _swap_in(src_root / skills[name].folder, dest_root, name)
+            for name in removed:
+                if NAME.fullmatch(name):
+                    _remove(dest_root / name)
+        except StorageError:
+            raise
+        except OSError as exc:  # DEST under a file, in /proc, a read-only disk: the manifest is left as it was
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise StorageError(f"cannot sync into the workspace {dest}: {exc.strerror or exc}{where}") from None
         atomic_write(dest_root / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return SyncResult(
         synced=tuple(changed),
@@ -489,8 +502,17 @@ def _swap_in(source: Path, dest_root: Path, name: str) -> None:
         (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, fresh / rel)
     target = dest_root / name
-    if target.exists():
-        shutil.rmtree(old, ignore_errors=True)
+    if target.exists() or target.is_symlink():
+        _remove(old)
         os.replace(target, old)
     os.replace(fresh, target)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    """Remove a skill's folder from a workspace, or the link a person put in its place (only the link: the folder it
+    leads to is theirs). A file of that name is theirs too: left."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)

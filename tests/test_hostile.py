@@ -7,6 +7,7 @@ outside the KB. Grow this module with every bug found.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -229,6 +230,30 @@ def test_a_message_file_is_read_bounded_and_as_text_whatever_its_bytes(indexed: 
     huge.write_bytes(b"a " * (4 * 2**20 + 1))  # just over 8 MiB (an endless /dev/zero is read no further)
     result = CliRunner().invoke(main, ["context", str(indexed), "--message-file", str(huge)])
     assert result.exit_code == 2 and "longer than 8 MiB" in result.stderr
+
+
+def test_a_message_in_another_encoding_is_read_by_its_mark_or_said_to_be_unreadable(
+    indexed: Path, tmp_path: Path
+) -> None:
+    # Windows PowerShell pipes UTF-16 with a byte-order mark: read as such, it is the question it was.
+    runner = CliRunner()
+    for encoding in ("utf-16", "utf-8-sig", "utf-32"):
+        result = runner.invoke(main, ["context", str(indexed), "-", "--json"], input="退款多久到账".encode(encoding))
+        answer = orjson.loads(result.stdout)
+        assert answer["items"][0]["path"] == "billing/退款政策.md" and answer["warnings"] == [], encoding
+    # GBK, the legacy encoding of Chinese Windows, has no mark: read as UTF-8 it is noise, and the answer says so.
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("退款多久到账".encode("gbk"))
+    result = runner.invoke(main, ["context", str(indexed), "--message-file", str(gbk), "--json"])
+    answer = orjson.loads(result.stdout)
+    assert answer["fallback"] and answer["warnings"] == [
+        "the message is not valid UTF-8 (6 unreadable byte sequence(s) read as U+FFFD): send it as UTF-8 (a GBK "
+        "message: `iconv -f GBK -t UTF-8`)"
+    ]
+    result = runner.invoke(main, ["context", str(indexed), "-"], input="退款多久到账".encode("gbk"))
+    assert "kindex: note: the message is not valid UTF-8" in result.stderr
+    written = runner.invoke(main, ["context", str(indexed), "-", "--json"], input="发票 \ufffd".encode())
+    assert orjson.loads(written.stdout)["warnings"] == []  # a U+FFFD the sender wrote is no unreadable byte
 
 
 @pytest.mark.parametrize(
@@ -593,6 +618,30 @@ def test_a_refused_run_is_never_told_of_a_holder_that_has_ended(sample_kb: Path)
         pytest.raises(kindex.BusyError, match=r"\(a run that is just starting\)"),
     ):
         kindex.reindex(sample_kb)
+
+
+def test_a_refused_run_is_told_which_process_holds_the_lock(sample_kb: Path) -> None:
+    # A reindex of `kindex serve` was reported as "`kindex reindex`, pid …": a person looked for a command line
+    # that was never typed.
+    from kindex.lock import HOLDER_FILE, write_lock
+
+    holder = sample_kb / ".kindex" / HOLDER_FILE
+    with write_lock(sample_kb, "reindex"):
+        mine = orjson.loads(holder.read_bytes())
+    assert mine["what"] == "reindex" and mine["process"] == f"{Path(sys.argv[0]).name} {sys.argv[1]}"[:80]
+    for process, said in [
+        ("kindex serve", r"\(a reindex step of `kindex serve`, pid \d+ on "),
+        ("kindex reindex", r"\(`kindex reindex`, pid \d+ on "),
+        (None, r"\(`kindex reindex`, pid \d+ on "),  # a record of an earlier version
+    ]:
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "what": "reindex", "since": time.time()}
+        if process is not None:
+            record["process"] = process
+        with (
+            _held_by_another(sample_kb, functools.partial(holder.write_bytes, orjson.dumps(record))),
+            pytest.raises(kindex.BusyError, match=said),
+        ):
+            kindex.reindex(sample_kb)
 
 
 @contextlib.contextmanager

@@ -533,3 +533,61 @@ def test_a_skill_whose_frontmatter_cannot_be_read_is_refused_without_saying_its_
     with pytest.raises(kindex.SkillError) as refused:
         skills.import_skill(library, long)
     assert "frontmatter is longer than 16 KiB" in refused.value.message and "ignored" not in refused.value.message
+
+
+def test_a_zip_never_replaces_a_device_a_pipe_or_a_link_to_one(library: Path, tmp_path: Path) -> None:
+    # As root, `-o /dev/null` turned the system's /dev/null into a file: the rename replaced the node itself.
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    to_pipe = tmp_path / "to-pipe.zip"
+    to_pipe.symlink_to(pipe)
+    for out in (pipe, to_pipe):
+        with pytest.raises(kindex.SkillError, match="is not a regular file: give the path of the ZIP file"):
+            skills.export_skill(library, "pdf-tools", out)
+        with pytest.raises(kindex.SkillError, match="is not a regular file"):
+            skills.sync_skills(library, None, zip_out=out)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and to_pipe.is_symlink()
+    # A link to a file is written through, as before.
+    real = tmp_path / "real.zip"
+    real.write_bytes(b"old")
+    (tmp_path / "link.zip").symlink_to(real)
+    skills.export_skill(library, "pdf-tools", tmp_path / "link.zip")
+    assert zipfile.ZipFile(real).namelist()[0].startswith("pdf-tools/") and (tmp_path / "link.zip").is_symlink()
+
+
+def test_export_to_standard_output(library: Path) -> None:
+    result = CliRunner().invoke(main, ["skills", "export", str(library), "pdf-tools", "-o", "-"])
+    assert result.exit_code == 0, result.output
+    assert zipfile.ZipFile(io.BytesIO(result.stdout_bytes)).namelist()[0].startswith("pdf-tools/")
+    assert result.stderr.startswith("wrote ") and "to standard output" in result.stderr
+    result = CliRunner().invoke(main, ["skills", "sync", str(library), "--zip", "-"])
+    assert result.exit_code == 2 and "--zip needs a file path, not `-`" in result.stderr
+
+
+def test_sync_removes_a_link_put_in_a_skills_place_not_what_it_leads_to(library: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "workspace"
+    skills.sync_skills(library, dest)
+    # A developer's own checkout linked where the synced copy was (common with ~/.claude/skills).
+    shutil.rmtree(dest / "pdf-tools")
+    mine = tmp_path / "my-pdf-tools"
+    write(mine / "SKILL.md", skill_md("pdf-tools", "My own version."))
+    (dest / "pdf-tools").symlink_to(mine, target_is_directory=True)
+    result = skills.sync_skills(library, dest, only=["auth-helper", "data-services", "vault-helper"])
+    assert result.removed == ("pdf-tools",) and not (dest / "pdf-tools").is_symlink()
+    assert (mine / "SKILL.md").is_file()  # the link went, the folder behind it stays
+    manifest = orjson.loads((dest / ".sync-manifest.json").read_bytes())
+    assert manifest["removed"] == ["pdf-tools"]
+    # Synced again, the copy takes the link's place the same way.
+    (dest / "pdf-tools").symlink_to(mine, target_is_directory=True)
+    assert skills.sync_skills(library, dest).synced == ("pdf-tools",)
+    assert (dest / "pdf-tools").is_dir() and not (dest / "pdf-tools").is_symlink() and (mine / "SKILL.md").is_file()
+    assert sorted(p.name for p in dest.iterdir() if p.name.startswith(".sync-")) == [".sync-manifest.json"]
+
+
+def test_a_workspace_that_cannot_be_made_is_a_clear_error(library: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(kindex.StorageError, match=f"cannot sync into the workspace {blocker / 'sub'}: Not a directory"):
+        skills.sync_skills(library, blocker / "sub")
+    result = CliRunner().invoke(main, ["skills", "sync", str(library), str(blocker / "sub"), "--json"])
+    assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "storage_error"

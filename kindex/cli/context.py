@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import sys
 from collections.abc import Sequence
 from typing import BinaryIO
@@ -24,15 +25,38 @@ MAX_MESSAGE_BYTES = 8 * 2**20
 (``/dev/zero``) or a 50 MB paste held whole in memory for the 20,000 characters retrieval reads of it."""
 
 
-def _read_message(stream: BinaryIO) -> str:
+def _read_message(stream: BinaryIO) -> tuple[str, str | None]:
+    """The message of a file or standard input, and what was wrong with its bytes, if anything."""
     data = stream.read(MAX_MESSAGE_BYTES + 1)
     if len(data) > MAX_MESSAGE_BYTES:
         raise click.UsageError(
-            f"the message is longer than {MAX_MESSAGE_BYTES // 2**20} MiB; only its first and last 10,000 "
-            "characters are used: pass those"
+            f"the message is longer than {MAX_MESSAGE_BYTES // 2**20} MiB: pass a shorter one (only its first and "
+            "last 10,000 characters are used, so those are enough)"
         )
-    # Bytes that are not UTF-8 (a lone surrogate, a Latin-1 file) read as U+FFFD, as on the command line.
-    return data.decode("utf-8", errors="replace")
+    # A byte-order mark says how it was written, as it does for a document (Windows PowerShell pipes UTF-16).
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :].decode(encoding, errors="replace"), None
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        # Read all the same, bad bytes as U+FFFD (a lone surrogate of a JavaScript string spoils only itself), but a
+        # GBK message read so is noise answered with the overview: the answer says why.
+        text = data.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+        return text, (
+            f"the message is not valid UTF-8 ({bad} unreadable byte sequence(s) read as U+FFFD): send it as UTF-8 "
+            "(a GBK message: `iconv -f GBK -t UTF-8`)"
+        )
+
+
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),  # before UTF-16 LE, whose mark begins it
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 
 @click.command()
@@ -97,10 +121,11 @@ def context(
     """
     if message is not None and message_file is not None:
         raise click.UsageError("give MESSAGE or --message-file, not both")
+    unreadable = None
     if message_file is not None:
-        message = _read_message(message_file)
+        message, unreadable = _read_message(message_file)
     elif message == "-":
-        message = _read_message(sys.stdin.buffer)
+        message, unreadable = _read_message(sys.stdin.buffer)
     elif message is None:
         raise click.UsageError("give the chat message: MESSAGE, `-` for standard input, or --message-file FILE")
     # The retriever and the skill shelf alone, not the whole KB handle: a one-shot command loads only the read path.
@@ -117,8 +142,9 @@ def context(
     )
     if retriever.skill_library:
         ctx = SkillShelf(kb).attach(ctx)
-    if settings.problem is not None:
-        ctx = ctx.model_copy(update={"warnings": (*ctx.warnings, settings.problem)})
+    problems = tuple(p for p in (unreadable, settings.problem) if p is not None)
+    if problems:
+        ctx = ctx.model_copy(update={"warnings": (*ctx.warnings, *problems)})
     if as_json:
         click.echo(orjson.dumps(ctx.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -10,7 +10,7 @@ import click
 
 from kindex import skills
 from kindex.cli.index import model_opts, options_from
-from kindex.cli.options import json_opt, kb_arg, print_json
+from kindex.cli.options import json_opt, kb_arg, print_json, shown
 from kindex.kb import KnowledgeBase, Settings
 from kindex.skillmodel import validate_skills
 
@@ -103,11 +103,30 @@ def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: 
 @skills_group.command("export")
 @kb_arg
 @click.argument("name")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The ZIP file to write.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="The ZIP file to write (`-`: standard output).",
+)
 def export_cmd(kb: str, name: str, output: str) -> None:
-    """Write skill NAME of KB as a ZIP package."""
+    """Write skill NAME of KB as a ZIP package.
+
+    \b
+    Example:
+      kindex skills export LIB pdf-tools -o pdf-tools.zip
+      kindex skills export LIB pdf-tools -o - | ssh host 'cat > pdf-tools.zip'
+    """
+    if output == "-":
+        data = skills.export_skill(kb, name)
+        stream = sys.stdout.buffer
+        stream.write(data)
+        stream.flush()
+        click.echo(f"wrote {len(data)} bytes to standard output", err=True)
+        return
     data = skills.export_skill(kb, name, output)
-    click.echo(f"wrote {output} ({len(data)} bytes)")
+    click.echo(f"wrote {shown(output)} ({len(data)} bytes)")
 
 
 @skills_group.command("delete")
@@ -130,6 +149,8 @@ def sync_cmd(src: str, dest: str | None, only: tuple[str, ...], zip_out: str | N
     """Copy the skills of library SRC into workspace DEST, sending only what changed since the last sync."""
     if dest is None and zip_out is None:
         raise click.UsageError("give DEST, --zip OUT.zip, or both")
+    if zip_out == "-":  # standard output carries the summary (or --json)
+        raise click.UsageError("--zip needs a file path, not `-`: write the ZIP to a file")
     result = skills.sync_skills(src, dest, only=only, zip_out=zip_out)
     if as_json:
         print_json(result.to_dict())
