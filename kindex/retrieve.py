@@ -14,6 +14,7 @@ private arrays; what does not (fitting a document into a budget) lives in :mod:`
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -295,6 +296,9 @@ class _Loaded:
     folded: dict[str, int] | None = None
     """Unconditional documents in a folder by case-folded path (-1 where two paths differ only in case): how a path
     written in a message names a document (:func:`_named`); made on first use."""
+    by_title: dict[str, list[int]] | None = None
+    """Unconditional documents by :func:`_title_key` of their title: how a question made only of stop words names a
+    page (:func:`_titled_in_words`); made on the first such question."""
 
 
 MAX_FALLBACK_CHECKED = 100
@@ -1005,9 +1009,12 @@ def _rank(
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
+    if not scored.terms:
+        # Nothing to score, but a page may be titled so: candidates of their own.
+        candidates = _titled_in_words(loaded, scored.message)
     if named:
         candidates = np.setdiff1d(candidates, named, assume_unique=True)
-    titled = _among(scored.titled, candidates)
+    titled = _among(scored.titled, candidates) if scored.terms else candidates.astype(np.int32)
     # A page's title asked word for word is on topic whatever its words' weight: `CASE`, `Trigger` or `Go` to a
     # database's manual name a page, though the manual uses them too often for them to cover a question.
     if len(titled) or scored.on_topic(candidates, min_relevance):
@@ -1050,6 +1057,25 @@ def _among(docs: npt.NDArray[np.int32], candidates: npt.NDArray[np.intp]) -> npt
     at = np.minimum(np.searchsorted(candidates, docs), len(candidates) - 1)
     found: npt.NDArray[np.int32] = docs[candidates[at] == docs]
     return found
+
+
+MAX_TITLE_CHARS = 200
+"""A longer question is no page's title (:func:`_titled_in_words`): not compared."""
+
+
+def _titled_in_words(loaded: _Loaded, message: str) -> npt.NDArray[np.intp]:
+    """The documents titled ``message`` character for character (:func:`_title_key`), for a question of stop words
+    only (``About``, ``关于我们``, ``WHERE``): analysis keeps none of its words, yet a person typing a page's title asks
+    for that page."""
+    asked = _title_key(message) if len(message) <= MAX_TITLE_CHARS else ""
+    if not asked:
+        return np.zeros(0, np.intp)
+    if loaded.by_title is None:
+        by_title: dict[str, list[int]] = {}
+        for idx in np.flatnonzero(loaded.unconditional).tolist():
+            by_title.setdefault(_title_key(_title(loaded, idx)), []).append(idx)
+        loaded.by_title = by_title
+    return np.array(loaded.by_title.get(asked, ()), np.intp)
 
 
 def _title(loaded: _Loaded, doc: int) -> str:
@@ -1276,6 +1302,8 @@ class Retriever:
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
         warnings = loaded.warnings + _unservable(root, loaded, fallback_docs)
+        if ctx.fallback:
+            warnings += _said_nothing(root, loaded, fallback_docs, {it.path for it in ctx.items})
         if loaded.matchers.exhausted:
             warnings += (
                 f"the entries' paths globs hold more than {MAX_COMPILED_EXPANSIONS:,} brace expansions that fit the "
@@ -1332,6 +1360,20 @@ def _unservable(root: Path, loaded: _Loaded, names: Sequence[str]) -> tuple[str,
         "skipped by the scan, or added since the last step): the next overview in line serves (fallback_docs: the "
         "call's, KINDEX_FALLBACK_DOCS or kindex.toml)"
         for name in missing
+    )
+
+
+def _said_nothing(root: Path, loaded: _Loaded, names: Sequence[str], served: set[str]) -> tuple[str, ...]:
+    """A warning for each fallback document the caller chose that a fallback passed over because it says nothing
+    (emptied since the last step, or only a comment): the overview that served instead was not the one chosen.
+    Read again only on a fallback, and only those not served."""
+    if tuple(names) == DEFAULT_FALLBACK_DOCS:
+        return ()
+    passed = (p for name in dict.fromkeys(names) if (p := normalize_path(name)) in loaded.by_path and p not in served)
+    empty = [p for p in itertools.islice(passed, MAX_FALLBACK_CHECKED) if servable(root, p) and not _readable(root, p)]
+    return tuple(
+        f"fallback document {_quoted(p)} says nothing (empty, or only a comment): the next overview in line serves"
+        for p in empty[:MAX_WARNINGS]
     )
 
 

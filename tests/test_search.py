@@ -216,6 +216,19 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     ]
 
 
+def test_a_chosen_fallback_document_emptied_since_the_last_step_is_said(indexed: Path) -> None:
+    # An emptied overview was passed over in silence: the root index served and nothing said the chosen page was empty.
+    (indexed / "导读.md").write_text("<!-- 待补充 -->\n", encoding="utf-8")
+    chosen = ["导读.md", "billing/套餐与价格.md"]
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=chosen)
+    assert [i.path for i in ctx.items] == ["billing/套餐与价格.md"]
+    assert ctx.warnings == (
+        "fallback document '导读.md' says nothing (empty, or only a comment): the next overview in line serves",
+    )
+    assert kindex.build_context(indexed, "怎么申请退款", fallback_docs=chosen).warnings == ()  # no fallback: not read
+    assert kindex.build_context(indexed, "讲个笑话").warnings == ()  # the defaults are names a KB may not fill
+
+
 def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexed: Path) -> None:
     ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
     assert [i.path for i in ctx.items] == ["index.json"] and ctx.items[0].level == "overview"
@@ -683,6 +696,22 @@ def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
     kindex.reindex(kb)
     assert [i.path for i in kindex.search(kb, "Static Files - StaticFiles")][:2] == ["t/ref.md", "t/guide.md"]
     assert next(i.path for i in kindex.search(kb, "static files")) == "t/guide.md"
+
+
+def test_a_title_made_only_of_stop_words_is_asked_as_written(tmp_path: Path) -> None:
+    # `About`, `关于` and `关于我们` keep no word through analysis: they fell back, though a page is titled so.
+    kb = tmp_path / "kb"
+    (kb / "site").mkdir(parents=True)
+    for name, title in [("about.md", "About"), ("关于.md", "关于"), ("us.md", "关于我们"), ("refund.md", "退款")]:
+        (kb / "site" / name).write_text(f"# {title}\n\n本产品由某公司开发，退款三天到账。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    for question, page in [("About", "about.md"), ("about!", "about.md"), ("关于", "关于.md"), ("关于我们？", "us.md")]:
+        ranking = kindex.KnowledgeBase(kb).ranking(question)
+        assert [r.path for r in ranking.results] == [f"site/{page}"] and not ranking.off_topic, question
+        ctx = kindex.build_context(kb, question)
+        assert not ctx.fallback and ctx.items[0].path == f"site/{page}", question
+    for other in ["WHERE", "关于他们", "the", "About " * 50]:
+        assert kindex.KnowledgeBase(kb).ranking(other).off_topic, other  # stop words no page is titled with
 
 
 def test_matched_says_the_part_a_page_holds_and_a_whole_word_once(tmp_path: Path, indexed: Path) -> None:
