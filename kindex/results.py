@@ -262,6 +262,10 @@ class ImportResult(Result):
     renamed_from: str | None
     files: int
     report: RunReport | None
+    same: bool = Field(
+        default=False,
+        description="The library already held this very package under its name: indexed again, not installed twice.",
+    )
 
 
 class SyncResult(Result):

@@ -283,6 +283,13 @@ def import_skill(
             if staged is None:
                 raise SkillError("; ".join(str(p).replace(staging.name + "/", "") for p in problems))
             name, renamed_from = staged.name, None
+            if not replace and _holds_same(root / name, staging):
+                # The package again (a retry after an import killed while indexing, a script run twice): a second
+                # copy as NAME-v2 helps no one; what the first left unindexed is indexed now.
+                report = _reindex_skill(root, name, opts)
+                return ImportResult(
+                    name=name, replaced=False, renamed_from=None, files=len(members), report=report, same=True
+                )
             if replace and (root / name).exists() and not (root / name / SKILL_FILE).is_file():
                 raise SkillError(
                     f"'{name}' is a folder of ordinary documents, not a skill: replacing it is refused "
@@ -299,6 +306,13 @@ def import_skill(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return ImportResult(name=name, replaced=replaced, renamed_from=renamed_from, files=len(members), report=report)
+
+
+def _holds_same(folder: Path, staging: Path) -> bool:
+    """Whether ``folder`` is a skill package with the very files of ``staging`` (:func:`skill_version`)."""
+    return (
+        not folder.is_symlink() and (folder / SKILL_FILE).is_file() and skill_version(folder) == skill_version(staging)
+    )
 
 
 def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:

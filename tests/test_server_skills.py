@@ -37,7 +37,10 @@ def test_find_import_export_delete_and_sync(app: FastAPI) -> None:
     r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", package, "application/zip")})
     assert r.status_code == 200 and r.json()["name"] == "csv-tools"
     r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", package, "application/zip")})
-    assert r.json()["name"] == "csv-tools-v2" and r.json()["renamed_from"] == "csv-tools"
+    assert r.json()["name"] == "csv-tools" and r.json()["same"] is True  # the very package: not installed twice
+    other = make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean, convert and merge CSV files.")})
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", other, "application/zip")})
+    assert r.json()["name"] == "csv-tools-v2" and r.json()["renamed_from"] == "csv-tools" and not r.json()["same"]
 
     exported = call(app, "GET", f"{BASE}/csv-tools/export")
     assert exported.status_code == 200 and exported.headers["content-type"] == "application/zip"

@@ -144,11 +144,36 @@ def test_import_installs_indexes_and_renames_on_conflict(library: Path, tmp_path
     assert (result.name, result.replaced, result.renamed_from, result.files) == ("csv-tools", False, None, 2)
     assert kindex.find_skills(library, "fix mojibake encoding in csv files")[0].uri == "csv-tools/guide/encoding.md"
 
-    again = skills.import_skill(library, package)
-    assert (again.name, again.renamed_from) == ("csv-tools-v2", "csv-tools")
+    # The very package again is the one installed: indexed again, not copied as csv-tools-v2.
+    same = skills.import_skill(library, package)
+    assert (same.name, same.renamed_from, same.same, same.replaced) == ("csv-tools", None, True, False)
+    assert not (library / "csv-tools-v2").exists()
+    changed = make_zip(
+        {
+            "csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files."),
+            "csv-tools/guide/encoding.md": "# Encodings\n\nFix GBK, UTF-16 and UTF-8 mojibake in CSV files.\n",
+        }
+    )
+    again = skills.import_skill(library, changed)
+    assert (again.name, again.renamed_from, again.same) == ("csv-tools-v2", "csv-tools", False)
     assert "name: csv-tools-v2" in (library / "csv-tools-v2" / "SKILL.md").read_text(encoding="utf-8")
-    assert skills.import_skill(library, package).name == "csv-tools-v3"
+    assert skills.import_skill(library, changed).name == "csv-tools-v3"  # csv-tools-v2's SKILL.md names it so
     assert kindex.validate_skills(library) == [] and kindex.validate(library) == []
+
+
+def test_an_import_killed_while_indexing_is_completed_by_importing_again(library: Path, tmp_path: Path) -> None:
+    # kill -9 after the package was moved into place, before its entries were written: the retry made NAME-v2 and
+    # left the first copy unindexed.
+    package = make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files.")})
+    with zipfile.ZipFile(io.BytesIO(package)) as archive:
+        archive.extractall(library)  # as the killed import left it: in place, in no index
+    assert any("csv-tools" in problem for problem in kindex.validate(library))
+    result = skills.import_skill(library, package)
+    assert (result.name, result.same) == ("csv-tools", True) and not (library / "csv-tools-v2").exists()
+    assert kindex.validate(library) == [] and kindex.find_skills(library, "convert csv files")[0].name == "csv-tools"
+    (tmp_path / "csv.zip").write_bytes(package)
+    cli = CliRunner().invoke(main, ["skills", "import", str(library), str(tmp_path / "csv.zip")])
+    assert "skill csv-tools is already installed with these very files: indexed again" in cli.output, cli.output
 
 
 @pytest.mark.parametrize(
@@ -162,8 +187,9 @@ def test_a_rename_never_edits_the_body_or_half_a_name(library: Path, frontmatter
     body = "# Body\n\nConfig example:\n\n```yaml\nname: my-service\n```\n"
     package = make_zip({"demo/SKILL.md": f"---\n{frontmatter}\n---\n{body}"})
     skills.import_skill(library, package)
+    other = make_zip({"demo/SKILL.md": f"---\n{frontmatter}\n---\n{body}More.\n"})
     with pytest.raises(kindex.SkillError, match="cannot rename the skill to 'demo-v2'"):
-        skills.import_skill(library, package)
+        skills.import_skill(library, other)
     assert not (library / "demo-v2").exists() and kindex.validate_skills(library) == []
     plain = make_zip({"demo/SKILL.md": f"---\nname: 'demo'  # the id\ndescription: d\n---\n{body}"})
     assert skills.import_skill(library, plain).name == "demo-v2"

@@ -95,6 +95,9 @@ def import_cmd(kb: str, package: str, replace: bool, max_bytes: int, max_files: 
     if as_json:
         print_json(result.to_dict())
         return
+    if result.same:
+        click.echo(f"skill {result.name} is already installed with these very files: indexed again")
+        return
     how = "replaced" if result.replaced else "installed"
     renamed = f" (renamed from {result.renamed_from}: that name was taken)" if result.renamed_from else ""
     click.echo(f"{how} skill {result.name}{renamed}: {result.files} files indexed")
