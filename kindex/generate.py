@@ -60,6 +60,7 @@ from kindex.store import (
     note_stand_ins,
     read_index,
     refuse_foreign,
+    refuse_knowledge_folders,
     refuse_theme_folder,
     root_index_path,
     theme_index_path,
@@ -156,6 +157,7 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
     opts.check()
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
     refuse_theme_folder(s.kb)  # what it previews would break the KB above
+    refuse_knowledge_folders(s.kb, s.themes)  # or the KBs below
     prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None)
     prompt += _tokens_of(root_messages(s))
     completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs))
@@ -191,6 +193,7 @@ def root(kb: str | os.PathLike[str], options: Options | None = None) -> RunRepor
 
 def sub(kb: str | os.PathLike[str], dir_name: str, options: Options | None = None) -> RunReport:
     """Write ``DIR/index.json``: one entry per scanned document of theme ``dir_name``."""
+    dir_name = _theme_arg(dir_name)
     return _run(kb, options, "sub", lambda r: r.theme(dir_name), subject=dir_name)
 
 
@@ -203,9 +206,19 @@ def doc(
     clear_dir: bool = False,
 ) -> RunReport:
     """Merge one document's entry into ``DIR/index.json``; ``clear_dir`` starts that theme index afresh."""
+    dir_name = _theme_arg(dir_name)
+    if not isinstance(path, str):
+        raise UsageError(f"the document must be a path (a string), got {type(path).__name__}")
     return _run(
         kb, options, "doc", lambda r: r.one_doc(dir_name, path, clear_dir), dir_name, read_again=f"{dir_name}/{path}"
     )
+
+
+def _theme_arg(dir_name: object) -> str:
+    """The theme folder a step was given: ``billing/``, as a shell's completion writes it, is ``billing``."""
+    if not isinstance(dir_name, str):
+        raise UsageError(f"the theme must be a folder name (a string), got {type(dir_name).__name__}")
+    return dir_name.rstrip("/") or dir_name
 
 
 def _run(
@@ -222,6 +235,7 @@ def _run(
     # What the step is about is read from disk whatever the scan remembers; `force` reads every document.
     s = scan(kb, excerpt_chars=opts.excerpt_chars, reuse=not opts.force, read_again=read_again or subject)
     refuse_theme_folder(s.kb)
+    refuse_knowledge_folders(s.kb, s.themes)
     if subject is not None:
         s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
@@ -304,6 +318,7 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
     opts.check()
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
     refuse_theme_folder(s.kb)
+    refuse_knowledge_folders(s.kb, s.themes)
     generator = make_generator(opts.llm, opts.client)
     if generator.offline:
         return _plan(generator.name, [], 0, 0, 0, None)

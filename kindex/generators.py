@@ -6,6 +6,7 @@ generator is a drop-in stand-in for a model, and a model's failure can fall back
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 import orjson
 
 from kindex import extractive, templating
-from kindex.errors import AnswerError, CancelledRun, GenerationFailed, ModelCallError
+from kindex.errors import AnswerError, CancelledRun, GenerationFailed, KindexError, ModelCallError
 from kindex.jsonextract import extract_object, salvage_truncated
 from kindex.llm import Completion, LiteLLMClient, LLMClient, LLMSettings, Message
 from kindex.records import GLOB_MAX, GLOBS_MAX, QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TAGS_MAX, TITLE_MAX
@@ -217,6 +218,14 @@ class LLMGenerator:
                 raise GenerationFailed(
                     exc.message, usage, unreachable=exc.unreachable, transient=exc.transient
                 ) from None
+            except (KindexError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # a client of the caller's own: one document fails, not the run
+                raise GenerationFailed(f"the model client failed: {type(exc).__name__}: {exc}"[:500], usage) from exc
+            if not isinstance(completion, Completion):
+                raise GenerationFailed(
+                    f"the model client returned a {type(completion).__name__}, not a Completion", usage, transient=False
+                )
             usage.add(completion)
             try:
                 obj = _extract_or_salvage(completion.text, check)

@@ -200,6 +200,8 @@ class Scan:
 
 def kb_folder(kb: str | os.PathLike[str], holds: str = "your Markdown files") -> Path:
     """``kb`` resolved, or :class:`KBNotFoundError` saying to pass the folder that ``holds`` what is needed."""
+    if not os.fspath(kb):  # Path("") is the working folder: `kindex reindex ""` indexed whatever that held
+        raise KBNotFoundError(f"the knowledge folder's path is empty: pass the folder that holds {holds}")
     root = Path(kb)
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"

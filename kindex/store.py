@@ -12,7 +12,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +110,7 @@ def index_bytes(path: Path) -> bytes:
 
 
 _OWN_START = re.compile(rb'\{\s*"version"\s*:\s*1\b')
+_OWN_KEYS = {"version", "themes", "documents"}
 
 
 def refuse_foreign(path: Path, label: str) -> None:
@@ -125,16 +126,20 @@ def refuse_foreign(path: Path, label: str) -> None:
         return  # unreadable: the write says so
     except InvalidFileError:
         data = None  # larger than any index kindex writes
-    if data is not None and (not data.strip() or _OWN_START.match(data)):
-        return  # empty, or kindex's own, whole or damaged: no parse of what the step reads again anyway
+    if data is not None and not data.strip():
+        return  # empty
     try:
         obj = orjson.loads(data or b"")
     except orjson.JSONDecodeError:
+        if data is not None and _OWN_START.match(data):
+            return  # kindex's own, damaged (cut short by a full disk, say)
         what = "larger than any kindex index" if data is None else "no JSON kindex reads"
     else:
-        if isinstance(obj, dict) and (
-            obj.get("version") == 1
-            or (obj.keys() <= {"themes", "documents"} and all(isinstance(v, list) for v in obj.values()))
+        # Only kindex's keys: an API tool's manifest may well start with `{"version": 1` too.
+        if (
+            isinstance(obj, dict)
+            and obj.keys() <= _OWN_KEYS
+            and (obj.get("version") == 1 or all(isinstance(v, list) for v in obj.values()))
         ):
             return
         what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
@@ -171,6 +176,35 @@ def index_digest(path: Path) -> str:
 
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+_LISTS_THEMES = re.compile(rb'\{\s*"version"\s*:\s*1\s*,\s*"themes"\s*:\s*\[\s*\{')
+"""The start of a root index that lists themes, as kindex writes it: a theme index lists none."""
+
+
+def refuse_knowledge_folders(kb: Path, themes: Iterable[str]) -> None:
+    """:class:`ThemeFolderError` when a folder of ``kb`` that would be indexed as a theme is a knowledge folder of
+    its own (it holds kindex's state folder, or a root index listing themes): indexing a folder of agents' KBs
+    (a server's ``--kb-root``) replaced every agent's root index with a theme index, and reported success. A stat
+    and the first bytes of one file per theme."""
+    for name in themes:
+        folder = kb / name
+        if (folder / STATE_DIR).is_dir():
+            holds = f"its own {STATE_DIR}/ folder"
+        else:
+            start = b""
+            if regular_file(folder / INDEX_FILE):  # never opened otherwise: a FIFO there would block
+                with contextlib.suppress(OSError), open(folder / INDEX_FILE, "rb") as fh:
+                    start = fh.read(256)
+            if not _LISTS_THEMES.match(start):
+                continue
+            holds = f"a root {INDEX_FILE} listing themes"
+        raise ThemeFolderError(
+            f"'{name}' is a knowledge folder of its own (it holds {holds}), not a theme of '{kb.name}': indexing "
+            f"'{kb.name}' would replace its root index with a theme index. Index '{name}' on its own (a folder that "
+            f"holds one knowledge folder per agent is the service's --kb-root, not a knowledge folder); if '{name}' "
+            f"is a theme of '{kb.name}' after all, remove {holds.removeprefix('its own ')} from it"
+        )
 
 
 def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:

@@ -34,7 +34,7 @@ from kindex.cli import main
 from kindex.fitting import cut_to_budget
 from kindex.markdown import headings
 from kindex.tokenize import estimate_tokens
-from tests.conftest import llm_settings
+from tests.conftest import SAMPLE_KB, llm_settings
 from tests.fakellm import FakeLLM, Reply, is_root, well_behaved
 
 
@@ -790,6 +790,8 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
         b'{"documents": [], "fields": []}',
         b'{"openapi": NaN}',
         b'\xef\xbb\xbf{"openapi": "3.0.0"}',
+        b'{"version": 1, "endpoints": [{"name": "refund"}], "generatedBy": "my-api-tool"}',  # starts as kindex's do
+        b'{"endpoints": [], "version": 1}',
     ):
         (sample_kb / "index.json").write_bytes(foreign)
         with pytest.raises(kindex.InvalidFileError, match="holds a file that is not a kindex index"):
@@ -802,6 +804,49 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
     (sample_kb / "index.json").write_bytes(b"[" * (70 * 2**20))  # over 64 MiB: no kindex index is that large
     with pytest.raises(kindex.InvalidFileError, match=r"not a kindex index \(larger than any kindex index\)"):
         kindex.root(sample_kb)
+
+
+def test_a_folder_of_knowledge_folders_is_not_indexed_over_them(tmp_path: Path) -> None:
+    # `kindex reindex agents` (a server's --kb-root) replaced each agent's root index with a theme index, exit 0.
+    agents = tmp_path / "agents"
+    for name in ("a1", "a2"):
+        shutil.copytree(SAMPLE_KB, agents / name, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        kindex.reindex(agents / name)
+    before = {n: (agents / n / "index.json").read_bytes() for n in ("a1", "a2")}
+    said = r"^'a1' is a knowledge folder of its own \(it holds its own .kindex/ folder\), not a theme of 'agents'"
+    for step in (kindex.reindex, kindex.preview, kindex.root, kindex.dry_run):
+        with pytest.raises(kindex.ThemeFolderError, match=said):
+            step(agents)
+    with pytest.raises(kindex.ThemeFolderError, match=said):
+        kindex.sub(agents, "a2")  # every step looks at every theme: a1 is named first
+    assert {n: (agents / n / "index.json").read_bytes() for n in ("a1", "a2")} == before
+    assert not (agents / "index.json").exists()
+    result = CliRunner().invoke(main, ["reindex", str(agents), "--json"])
+    assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "theme_folder"
+    # A copy of a KB without its state folder is known by its root index, which lists themes.
+    shutil.rmtree(agents / "a1" / ".kindex")
+    shutil.rmtree(agents / "a2" / ".kindex")
+    with pytest.raises(kindex.ThemeFolderError, match=r"it holds a root index\.json listing themes"):
+        kindex.reindex(agents)
+    # A theme after all, once what made it look like a KB is gone: indexed as one.
+    (agents / "a1" / "index.json").unlink()
+    (agents / "a2" / "index.json").unlink()
+    assert "a1/index.json" in kindex.reindex(agents).written
+    # An empty path is no folder: Path("") was the working folder, indexed whatever it held.
+    with pytest.raises(kindex.KBNotFoundError, match="the knowledge folder's path is empty"):
+        kindex.reindex("")
+
+
+def test_a_theme_written_with_a_trailing_slash_is_that_theme(indexed: Path) -> None:
+    # `kindex sub KB billing/` (a shell's completion) was "not a theme (themes here: …, billing, …)".
+    assert kindex.sub(indexed, "billing/").progress == kindex.sub(indexed, "billing").progress
+    assert kindex.doc(indexed, "billing/", "退款政策.md").progress.total == 1
+    result = CliRunner().invoke(main, ["sub", str(indexed), "billing/"])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(kindex.UsageError, match="the theme must be a folder name \\(a string\\), got int"):
+        kindex.sub(indexed, 7)  # type: ignore[arg-type]
+    with pytest.raises(kindex.UsageError, match="the document must be a path \\(a string\\), got NoneType"):
+        kindex.doc(indexed, "billing", None)  # type: ignore[arg-type]
 
 
 def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:

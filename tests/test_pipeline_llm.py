@@ -11,7 +11,7 @@ import json
 import re
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,29 @@ def test_a_call_error_fails_its_document_and_counts_its_retries(sample_kb: Path)
     assert entry["title"] == "离线模式"  # the extractive stand-in
     [problem] = kindex.validate(sample_kb)
     assert problem.startswith("sync/离线模式.md: its entry is a stand-in") and error.message in problem
+
+
+def test_a_client_of_the_callers_own_that_raises_or_returns_junk_fails_one_document(sample_kb: Path) -> None:
+    # A custom client raising ValueError (not ModelCallError) aborted the whole run; returning a str gave an
+    # AttributeError. SPEC §5: one failed document never aborts a run.
+    client = FakeClient(by_path={"离线模式.md": ValueError("boom")})
+    report = kindex.reindex(sample_kb, client_options(client))
+    assert [(f.path, f.reason) for f in report.failures] == [
+        ("sync/离线模式.md", "the model client failed: ValueError: boom")
+    ]
+    entry = next(d for d in load(sample_kb / "sync" / "index.json")["documents"] if d["path"] == "离线模式.md")
+    assert entry["title"] == "离线模式"  # the extractive stand-in; every other document from the client
+
+    class Junk:
+        async def complete(
+            self, messages: Sequence[Mapping[str, str]], *, json_schema: Mapping[str, Any], max_tokens: int | None
+        ) -> Any:
+            return "{}"  # a str, not a Completion
+
+    report = kindex.reindex(sample_kb, kindex.Options(client=Junk(), force=True))  # type: ignore[arg-type]
+    assert report.failures and {f.reason for f in report.failures} == {
+        "the model client returned a str, not a Completion"
+    }
 
 
 REFUSED = "no connection after 3 attempts: cannot connect to http://127.0.0.1:9/v1"
