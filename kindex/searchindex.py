@@ -47,6 +47,7 @@ import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError
+from kindex.globs import normalize_path
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_digest, headings_of, scan
@@ -665,7 +666,11 @@ def read_entries(kb: Path) -> Entries:
             f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
         ) from None
     digests = [digest]
-    docs: list[tuple[str, str | None, DocItem]] = [(d.path, None, d) for d in root.documents if "/" not in d.path]
+    # Each document by its one name (`./a.md`, `a//b.md` in a hand-edited index are `a.md`, `a/b.md`): listed as
+    # written, the same file was searched and served twice.
+    docs: list[tuple[str, str | None, DocItem]] = [
+        (normalize_path(d.path), None, d) for d in root.documents if "/" not in normalize_path(d.path)
+    ]
     seen_themes: set[str] = set()
     themes: list[ThemeRecord] = []
     for t in root.themes:
@@ -695,7 +700,9 @@ def read_entries(kb: Path) -> Entries:
             )
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
-        docs.extend((f"{t.dir}/{d.path}", t.dir, d) for d in sub.documents if ".." not in d.path.split("/"))
+        docs.extend(
+            (normalize_path(f"{t.dir}/{d.path}"), t.dir, d) for d in sub.documents if ".." not in d.path.split("/")
+        )
     # A hand-edited index may list a document twice: it is one document, searched and served once.
     unique = list({rel: (rel, theme, item) for rel, theme, item in reversed(docs)}.values())[::-1]
     if len(unique) < len(docs):

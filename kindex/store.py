@@ -20,7 +20,7 @@ import orjson
 
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError, ThemeFolderError
 from kindex.files import read_regular, regular_file
-from kindex.records import INDEX_FILE, Index, clean_text, parse_index
+from kindex.records import INDEX_FILE, INDEX_VERSION, Index, clean_text, parse_index
 
 STATE_DIR = ".kindex"
 _MAX_PARENT_INDEX_BYTES = 16 * 2**20
@@ -142,6 +142,12 @@ def refuse_foreign(path: Path, label: str) -> None:
             and (obj.get("version") == 1 or all(isinstance(v, list) for v in obj.values()))
         ):
             return
+        version = obj.get("version") if isinstance(obj, dict) else None
+        if type(version) is int and version > INDEX_VERSION and obj.keys() <= _OWN_KEYS:
+            raise InvalidFileError(
+                f"{label} was written by a newer kindex (index version {version}; this one writes "
+                f"{INDEX_VERSION}): upgrade kindex to index this folder, or move that file away to index it afresh"
+            )
         what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
     raise InvalidFileError(
         f"{label} holds a file that is not a kindex index ({what}): kindex writes its index there; move that "

@@ -797,6 +797,11 @@ def test_a_json_file_of_the_users_own_in_an_index_files_place_is_not_overwritten
         with pytest.raises(kindex.InvalidFileError, match="holds a file that is not a kindex index"):
             kindex.reindex(sample_kb)
         assert (sample_kb / "index.json").read_bytes() == foreign
+    newer = b'{"version": 2, "themes": [], "documents": []}'
+    (sample_kb / "index.json").write_bytes(newer)
+    with pytest.raises(kindex.InvalidFileError, match=r"^index.json was written by a newer kindex \(index version 2;"):
+        kindex.reindex(sample_kb)
+    assert (sample_kb / "index.json").read_bytes() == newer
     for replaced in (b'{\n  "version": 1,\n  "themes": [', b"", b"\n"):  # kindex's own, damaged; empty
         (sample_kb / "index.json").write_bytes(replaced)
         kindex.reindex(sample_kb)
@@ -847,6 +852,23 @@ def test_a_theme_written_with_a_trailing_slash_is_that_theme(indexed: Path) -> N
         kindex.sub(indexed, 7)  # type: ignore[arg-type]
     with pytest.raises(kindex.UsageError, match="the document must be a path \\(a string\\), got NoneType"):
         kindex.doc(indexed, "billing", None)  # type: ignore[arg-type]
+
+
+def test_a_document_listed_twice_under_two_spellings_is_served_once(indexed: Path) -> None:
+    # `./企业采购/对公转账.md` added by hand beside `企业采购/对公转账.md`: the same file was served twice (340 tokens
+    # each), under the odd spelling first.
+    theme = indexed / "billing" / "index.json"
+    index = orjson.loads(theme.read_bytes())
+    by_path = {d["path"]: d for d in index["documents"]}
+    index["documents"][:0] = [
+        {**by_path["企业采购/对公转账.md"], "path": "./企业采购/对公转账.md"},
+        {**by_path["企业采购/合同与盖章.md"], "path": "企业采购//合同与盖章.md"},
+    ]
+    theme.write_bytes(orjson.dumps(index))
+    for question in ("对公转账 怎么购买", "合同盖章"):
+        paths = [i.path for i in kindex.build_context(indexed, question).items]
+        assert len(paths) == len(set(paths)) and not any("./" in p or "//" in p for p in paths), paths
+    assert "billing/企业采购/对公转账.md" in [i.path for i in kindex.search(indexed, "对公转账 怎么购买")]
 
 
 def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
