@@ -294,8 +294,9 @@ def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
     assert len(arrivals) == 2 * DOCS_CALLS
     # Grants are spaced by Redis's clock; arrivals add each call's own latency on the way (litellm, HTTP), which
     # can bunch grants: the rate is judged over the run and over 3-second windows. On a loaded machine one call's
-    # latency can exceed the next one's by more than a grant's 0.2 s (17 in 3 s seen once in CI), so a window may
-    # hold two arrivals more than its grants; a per-worker limit (twice the rate) or a burst of 3 would still fail.
+    # latency can exceed the next one's by more than a grant's 0.2 s (17 in 3 s seen once in CI, 18 beside a model
+    # using both cores), so a window may hold a few arrivals more than its grants; a per-worker limit (twice the
+    # rate: about 30 in 3 s) still fails, and the rate over the run below catches a steady excess.
     # The same slack for the rate over the run: the first arrivals may come as late as a later grant (5.23/s over
     # 38 arrivals seen on a machine running a model beside the tests: 0.33 s short of the grants' 7.4 s), so two
     # intervals are not counted.
@@ -303,7 +304,7 @@ def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
     per_window = max(sum(1 for t in arrivals if s <= t < s + 3.0) for s in arrivals)
     print(f"rate {rate:.2f}/s, at most {per_window} requests in 3 s")
     assert rate <= 5.0 * 1.02, rate  # grants are exactly 0.2 s apart; a per-worker limit would give about 10
-    assert per_window <= 3 * 5 + 2
+    assert per_window <= 3 * 5 + 4
 
 
 def test_queue_mode_without_redis_answers_503(tmp_path: Path) -> None:
