@@ -226,6 +226,11 @@ def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> N
     assert r.headers["allow"] == "GET, PUT, DELETE" and r.json()["error"]["message"].endswith("GET or PUT or DELETE")
     typo = call(app, "POST", f"{BASE}/context", json={"mesage": "退款"}).json()["error"]["message"]
     assert typo == "body.message: Field required; body.mesage: Extra inputs are not permitted (did you mean 'message'?)"
+    # The context route's field sent to the search route: it was told "did you mean 'message'?", the very field.
+    other = call(app, "POST", f"{BASE}/search", json={"message": "退款"}).json()["error"]["message"]
+    assert other == (
+        "body.question: Field required; body.message: Extra inputs are not permitted (did you mean 'question'?)"
+    )
     # What HTTP clients send by default on a POST without options is no body to refuse.
     spaced = b"{" + b" " * 70 + b"}"
     for empty in (

@@ -7,7 +7,7 @@ import difflib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +84,17 @@ _BODY_FIELDS = sorted(
 """Every field a request body may hold, for the "did you mean" of a field no body takes."""
 
 
-def _did_you_mean(error: Mapping[str, Any]) -> str:
-    """`` (did you mean 'budget_tokens'?)`` for a body field no route takes that is close to one some route does."""
+def _did_you_mean(error: Mapping[str, Any], missing: Sequence[str]) -> str:
+    """`` (did you mean 'budget_tokens'?)`` for a body field the route does not take: the field it misses, when it
+    misses one (``message`` sent to the search route, which takes ``question``: another route's field is no
+    answer), else one close to it that some route takes."""
     loc = error.get("loc", ())
     if error.get("type") != "extra_forbidden" or len(loc) != 2 or loc[0] != "body":
         return ""
-    close = difflib.get_close_matches(str(loc[1])[:100], _BODY_FIELDS, n=1, cutoff=0.75)
+    name = str(loc[1])[:100]
+    if len(missing) == 1:
+        return f" (did you mean {missing[0]!r}?)"
+    close = difflib.get_close_matches(name, missing or [f for f in _BODY_FIELDS if f != name], n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -149,9 +154,14 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
         # Every problem, up to three: {"mesage": …} is a missing "message" and an unknown "mesage" together, and
         # naming only the first hides the typo.
         said = []
+        missing = [
+            str(e["loc"][1])
+            for e in exc.errors()
+            if e.get("type") == "missing" and tuple(e.get("loc", ()))[:1] == ("body",) and len(e["loc"]) == 2
+        ]
         for error in exc.errors()[:3]:
             where = ".".join(str(x) for x in error.get("loc", ()))[:200]  # a made-up field may be any length
-            said.append(f"{where}: {error.get('msg', 'invalid')}{_did_you_mean(error)}")
+            said.append(f"{where}: {error.get('msg', 'invalid')}{_did_you_mean(error, missing)}")
         more = f" (and {len(exc.errors()) - 3} more)" if len(exc.errors()) > 3 else ""
         return error_response(UsageError("; ".join(said) + more))
 
