@@ -12,6 +12,7 @@ failed batch share one watcher's state.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -198,6 +199,18 @@ class Pending:
     """``time.monotonic`` value."""
 
 
+class _Replaced(KindexError):
+    """The watched folder's name now leads to another folder: it is watched again."""
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _indexed_themes(kb: Path) -> set[str] | None:
     """The themes the root index on disk lists (``None``: it cannot be read): what a batch is planned against. A
     step that failed may already have rewritten the root, so a set kept in memory can be wrong either way."""
@@ -267,7 +280,7 @@ class Watcher:
             try:
                 self._watch(root, first=not self.ready.is_set())  # a restart before the first yield is the first
                 return
-            except RuntimeError as exc:  # watchfiles' own failure (a file name that is not UTF-8, even in .git/)
+            except (RuntimeError, _Replaced) as exc:  # watchfiles' own failure (a file name that is not UTF-8)
                 now = _clock()
                 restarts = [t for t in restarts if now - t < 60.0] + [now]
                 if len(restarts) > MAX_RESTARTS_PER_MINUTE:
@@ -275,10 +288,12 @@ class Watcher:
                     self.stopped.set()
                     return
                 # Watched again from scratch, then the whole KB reconciled: what changed meanwhile is not lost.
-                self.on_update(Update((), (), (), (), f"the file watcher failed ({exc}): watching again"))
+                said = str(exc) if isinstance(exc, _Replaced) else f"the file watcher failed ({exc})"
+                self.on_update(Update((), (), (), (), f"{said}: watching again"))
 
     def _watch(self, root: Path, *, first: bool) -> None:
         ready = False
+        watched = _identity(root)
         for changes in watchfiles.watch(
             root,
             # `step` is the quiet time that ends a batch; `debounce` only caps how long one batch may grow.
@@ -301,6 +316,11 @@ class Watcher:
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
                 return
+            now = _identity(root)
+            if now is not None and now != watched:
+                # A new folder under the name (a deploy's `mv new kb`, rm -rf and a fresh copy): the watch follows the
+                # old one, wherever it went, and heard nothing of the new.
+                raise _Replaced(f"{root} was replaced by another folder of that name")
             try:
                 self._handle(changes)
             except InterruptedRun:

@@ -215,6 +215,30 @@ def test_a_folder_moved_out_or_hidden_and_an_unscannable_document_leave_a_valid_
     assert "双重验证.md" not in entries(sample_kb, "account") and kindex.validate(sample_kb) == []
 
 
+def test_a_folder_replaced_under_its_name_is_watched_again(
+    sample_kb: Path, tmp_path: Path, watching: tuple[Running, FakeClient]
+) -> None:
+    # A deploy's swap (`mv kb kb.old && mv kb.new kb`): the watch followed the old folder and never heard of an edit
+    # to the new one, while edits to the old one were applied to the new KB.
+    running, client = watching
+    before = len(client.calls)
+    fresh = tmp_path / "kb.new"
+    shutil.copytree(sample_kb, fresh)
+    page = fresh / "billing" / "退款政策.md"
+    page.write_text("# 退款政策（新版）\n\n退款五个工作日内到账。\n", encoding="utf-8")
+    sample_kb.rename(tmp_path / "kb.old")
+    fresh.rename(sample_kb)
+    replaced = running.next()
+    assert replaced.error == f"{sample_kb} was replaced by another folder of that name: watching again"
+    reconciled = running.next()  # the whole KB reconciled: the edit made before the swap is indexed
+    assert not reconciled.error and "退款政策.md" in [c.label for c in client.calls[before:]]
+    assert kindex.validate(sample_kb) == []
+    calls = len(client.calls)
+    (sample_kb / "sync" / "离线模式.md").write_text("# 离线模式\n\n新版说明。\n", encoding="utf-8")
+    edited = running.next()  # and the new folder is the one watched
+    assert edited.steps == ("doc sync/离线模式.md",) and len(client.calls) == calls + 1
+
+
 def test_a_burst_of_saves_is_one_update(sample_kb: Path) -> None:
     client = FakeClient()
     kindex.KnowledgeBase(sample_kb, client=client).reindex()
@@ -512,7 +536,13 @@ def test_an_unforeseen_error_is_reported_and_the_watcher_lives_on(
 ) -> None:
     # sqlite's "database or disk is full" escaped as a plain Python error and ended the watcher's thread: the CLI
     # died with a traceback, the service showed a watch that had silently stopped.
-    watcher, updates = _driven(sample_kb, FakeClient(by_path={"退款政策.md": RuntimeError("boom")}), monkeypatch)
+    watcher, updates = _driven(sample_kb, FakeClient(), monkeypatch)
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    # Not from the model client: a failing client fails its document (a stand-in entry), as SPEC §5 wants.
+    monkeypatch.setattr(kindex.KnowledgeBase, "doc", boom)
     watcher._handle(_edit(sample_kb / "billing" / "退款政策.md", "新版"))
     assert updates[-1].error == "unexpected RuntimeError: boom" and updates[-1].retry_in == 30.0
 
