@@ -680,6 +680,11 @@ def read_entries(kb: Path) -> Entries:
         if t.dir in seen_themes:
             problems.append(f"theme {t.dir!r} has a second entry: ignored")
             continue
+        if (kb / t.dir).is_symlink():
+            # The scan never indexes a linked folder; a hand-edited root index naming one had the index behind the
+            # link read, wherever it led, and its entries listed.
+            problems.append(f"theme {t.dir!r} is a symbolic link: ignored (kindex reads no index through a link)")
+            continue
         seen_themes.add(t.dir)
         themes.append(
             ThemeRecord(

@@ -871,6 +871,23 @@ def test_a_document_listed_twice_under_two_spellings_is_served_once(indexed: Pat
     assert "billing/企业采购/对公转账.md" in [i.path for i in kindex.search(indexed, "对公转账 怎么购买")]
 
 
+def test_a_theme_that_is_a_link_out_of_the_kb_has_nothing_read(indexed: Path, tmp_path: Path) -> None:
+    # A hand-edited root index naming a theme `evil`, a symlink to a folder outside: the index behind the link was
+    # read and its titles and summaries listed by search (and MCP's list_topics).
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    entry = {"path": "s.md", "title": "机密工资表", "summary": "退款 工资"}
+    secret = {"version": 1, "themes": [], "documents": [entry]}
+    (outside / "index.json").write_bytes(orjson.dumps(secret))
+    (indexed / "evil").symlink_to(outside, target_is_directory=True)
+    root = orjson.loads((indexed / "index.json").read_bytes())
+    root["themes"].append({"dir": "evil", "title": "evil", "summary": "evil"})
+    (indexed / "index.json").write_bytes(orjson.dumps(root))
+    results = kindex.search(indexed, "机密工资表 退款", themes=True)
+    assert not any("机密" in r.title or r.path.startswith("evil") for r in results)
+    assert any("theme 'evil' is a symbolic link: ignored" in w for w in kindex.build_context(indexed, "退款").warnings)
+
+
 def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Opening a device can act (/dev/ptmx makes a terminal, a tape rewinds): the reader opened first, then looked.
     (indexed / "index.json").unlink()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 import kindex
@@ -478,3 +479,20 @@ def test_in_queue_mode_a_document_step_sent_while_the_kb_is_busy_is_refused(tmp_
         assert store.create("b", Step("doc", "account", "x.md")).state == "queued"  # another agent is not held
     finally:
         server.kill()
+
+
+def test_a_task_record_of_another_version_is_shown_not_a_500(sample_kb: Path) -> None:
+    # A report with a field this version does not know (written by a newer replica in a rolling deploy) made every
+    # GET and DELETE of the task a 500: RunReport forbids unknown fields.
+    from kindex.queue.jobs import to_model
+
+    report = orjson.loads(kindex.reindex(sample_kb).model_dump_json())
+    newer = {"id": "t1", "agent_id": "a", "step": "reindex", "state": "done"}
+    task = to_model({**newer, "report": orjson.dumps({**report, "tokens_cached": 3}).decode()})
+    assert task.report is not None and task.report.step == "reindex" and task.error is None
+    damaged = to_model({**newer, "report": "{bad"})
+    assert damaged.report is None and damaged.state == "done"
+    assert damaged.error is not None and damaged.error.code == "invalid_file"
+    assert damaged.error.message.startswith("this task's report cannot be read by this kindex")
+    busy = to_model({**newer, "error": '{"code": "busy", "message": "m", "since": 1}'}).error
+    assert busy is not None and busy.code == "busy"

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import orjson
 import redis
 import redis.exceptions
+from pydantic import ValidationError
 
 from kindex.errors import BusyError, KindexError, QueueUnavailableError, TaskNotFoundError, UsageError
 from kindex.kb import Step
@@ -320,8 +321,15 @@ def to_model(rec: Mapping[str, str]) -> TaskModel:
         except (KeyError, ValueError):
             return default
 
-    report = RunReport.model_validate_json(rec["report"]) if rec.get("report") else None
-    error = ErrorBody.model_validate_json(rec["error"]) if rec.get("error") else None
+    report, report_read = _part(RunReport, rec.get("report"))
+    error, error_read = _part(ErrorBody, rec.get("error"))
+    if error is None and not (report_read and error_read):
+        # A record of another kindex version (a field this one does not know, in a rolling deploy) or damaged:
+        # the task is still shown, and can be cancelled, not a 500 on every read.
+        error = ErrorBody(
+            code="invalid_file",
+            message="this task's report cannot be read by this kindex (written by another version, or damaged)",
+        )
     state = rec.get("state", "running")
     return TaskModel(
         id=rec.get("id", ""),
@@ -335,6 +343,25 @@ def to_model(rec: Mapping[str, str]) -> TaskModel:
         finished_at=num("finished_at", float, 0.0) or None,
         worker=rec.get("worker"),
     )
+
+
+_Part = TypeVar("_Part", RunReport, ErrorBody)
+
+
+def _part(model: type[_Part], raw: str | None) -> tuple[_Part | None, bool]:
+    """A report or an error of a task record, and whether it could be read: its fields this version knows, when
+    another version wrote more (nested ones must match)."""
+    if not raw:
+        return None, True
+    try:
+        return model.model_validate_json(raw), True
+    except ValidationError:
+        pass
+    with contextlib.suppress(orjson.JSONDecodeError, ValidationError):
+        obj = orjson.loads(raw)
+        if isinstance(obj, dict):
+            return model.model_validate({k: v for k, v in obj.items() if k in model.model_fields}), True
+    return None, False
 
 
 def step_of(rec: Mapping[str, str]) -> Step:
