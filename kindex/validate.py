@@ -90,6 +90,16 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
                 f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "
                 f"({stand_ins[d.rel].reason}); {_retry(fix, stand_ins[d.rel])}"
             )
+    listed = [e for rel, e in stand_ins.items() if rel == INDEX_FILE or rel in {d.rel for d in s.documents}]
+    if len(listed) > 1:
+        # After a run the model stopped answering, one `doc` per document is a chore; one reindex asks again only
+        # what has no cached answer.
+        models = {e.model for e in listed}
+        model = f" --model {shlex.quote(models.pop())}" if len(models) == 1 and "" not in models else ""
+        problems.append(
+            f"{len(listed)} entries are stand-ins: `kindex reindex {kb_arg}{model}` (and the --api-base it used, if "
+            "any) tries them all again in one run, and asks the model only what it has no cached answer for"
+        )
     return problems
 
 
