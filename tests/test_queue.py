@@ -496,3 +496,26 @@ def test_a_task_record_of_another_version_is_shown_not_a_500(sample_kb: Path) ->
     assert damaged.error.message.startswith("this task's report cannot be read by this kindex")
     busy = to_model({**newer, "error": '{"code": "busy", "message": "m", "since": 1}'}).error
     assert busy is not None and busy.code == "busy"
+
+
+def test_a_refused_acknowledgement_does_not_end_the_worker(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis at maxmemory (noeviction, as deploy/compose.yaml configures it) refused the ZREM of an ack: kombu's
+    # error ended the whole worker ("Unrecoverable error") and its task stayed "running" until a redelivery.
+    import redis.exceptions
+    from kombu.transport import redis as kombu_redis
+
+    from kindex.queue.broker import _QoS
+
+    def refused(self: object, delivery_tag: str) -> None:
+        raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+
+    monkeypatch.setattr(kombu_redis.QoS, "ack", refused)
+    qos = object.__new__(_QoS)
+    qos.channel = type("Channel", (), {"connection": object()})()
+    qos._delivered = {"tag": object()}  # type: ignore[assignment]
+    with caplog.at_level("WARNING", logger="kindex.worker"):
+        qos.ack("tag")  # no exception
+    assert "tag" not in qos._delivered
+    assert "could not acknowledge a finished step (command not allowed when used memory" in caplog.text

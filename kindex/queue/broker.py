@@ -11,8 +11,13 @@ Settings measured in ``docs/research/queue-mode-celery-redis.md``:
 
 from __future__ import annotations
 
+import logging
+
+import redis.exceptions
 from celery import Celery
 from kombu.transport import redis as kombu_redis
+
+log = logging.getLogger("kindex.worker")
 
 QUEUE = "kindex"
 TASK = "kindex.step"
@@ -35,7 +40,14 @@ class _QoS(kombu_redis.QoS):
         if self.channel.connection is None:
             self._delivered.pop(delivery_tag, None)
             return
-        super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+        try:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+        except redis.exceptions.ResponseError as exc:
+            # Redis refusing writes (out of memory under `noeviction`) ended the whole worker here ("Unrecoverable
+            # error"). The message is left unacknowledged, as above: delivered again after the visibility timeout,
+            # its copy finds the step ended and stops.
+            log.warning("could not acknowledge a finished step (%s): it will be delivered again, and stop", exc)
+            self._delivered.pop(delivery_tag, None)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if self.channel.connection is None:

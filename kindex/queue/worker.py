@@ -189,9 +189,10 @@ class StepRunner:
             try:
                 lease.write(fields, terminal=True)
                 return
-            except redis.exceptions.RedisError:
+            except redis.exceptions.RedisError as exc:
                 if time.monotonic() > deadline or lease.lost.is_set():
-                    log.error("could not record the end of task %s: Redis unreachable", lease.task_id)
+                    # Unreachable, or refusing writes (out of memory): the error says which.
+                    log.error("could not record the end of task %s: %s", lease.task_id, exc)
                     return
                 time.sleep(0.5)
 
