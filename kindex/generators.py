@@ -98,6 +98,8 @@ class Answer:
 
     obj: dict[str, Any]
     usage: Usage = field(default_factory=Usage)
+    cached: bool = False
+    """Read from the answer cache: what sanitising it notes was said when it was new."""
 
 
 @dataclass(frozen=True, slots=True)

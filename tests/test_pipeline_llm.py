@@ -510,3 +510,13 @@ def test_no_repair_request_is_sent_after_a_cancel(sample_kb: Path) -> None:
         kindex.reindex(sample_kb, client_options(client, concurrency=1, cancel=cancel))
 
     assert [c.repair for c in client.calls] == [False]
+
+
+def test_notes_on_a_root_answer_are_said_when_it_is_new_not_on_every_run(sample_kb: Path) -> None:
+    # A newcomer's fully cached no-op run printed the same five "theme … was missing: default entry added" each time.
+    client = FakeClient(root='{"themes": [], "documents": []}')
+    first = kindex.reindex(sample_kb, client_options(client))
+    missing = [n for n in first.notes if n.startswith("index.json: theme ") and "was missing" in n]
+    assert len(missing) == 4
+    again = kindex.reindex(sample_kb, client_options(client))
+    assert again.cache_hits and not any("was missing" in n for n in again.notes)
