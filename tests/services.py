@@ -23,16 +23,18 @@ def free_port() -> int:
 class Redis:
     """A redis-server of the test's own, without persistence (a restart starts it empty)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *options: str) -> None:
         self.port = free_port()
         self.tmp = tmp
+        self.options = options
+        """More redis-server options (``--requirepass``, ``--maxmemory``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         assert REDIS is not None, "redis-server is not installed (apt-get install redis-server)"
         self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.options],
             cwd=self.tmp,
             stdout=subprocess.PIPE,
         )

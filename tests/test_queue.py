@@ -519,3 +519,35 @@ def test_a_refused_acknowledgement_does_not_end_the_worker(
         qos.ack("tag")  # no exception
     assert "tag" not in qos._delivered
     assert "could not acknowledge a finished step (command not allowed when used memory" in caplog.text
+
+
+def test_a_redis_that_wants_a_password_is_said_to_and_the_worker_does_not_retry_it(tmp_path: Path) -> None:
+    # The API said "cannot be reached (HELLO must be called…); check that it runs" of a Redis that was running and
+    # wanted a password; the worker retried "Authentication required" 100 times.
+    from fastapi.testclient import TestClient
+
+    from kindex.server import create_app
+
+    server = Redis(tmp_path, "--requirepass", "s3cret")
+    server.start()
+    try:
+        root = tmp_path / "agents"
+        shutil.copytree(SAMPLE_KB, root / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+        said = "refused the connection: it needs a password, or the one given is wrong; give it in the URL, redis://"
+        with TestClient(create_app(root, queue=server.url), base_url="http://localhost") as client:
+            r = client.post("/v1/agents/agent1/knowledge/reindex")
+            assert r.status_code == 503 and said in r.json()["error"]["message"], r.text
+        worker = subprocess.run(
+            [sys.executable, "-m", "kindex.cli", "worker", "--kb-root", str(root), "--queue", server.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO), "KINDEX_MODEL": ""},
+        )
+        assert worker.returncode == 1 and said in worker.stderr, worker.stderr[-2000:]
+        good = server.url.replace("redis://", "redis://:s3cret@")
+        with TestClient(create_app(root, queue=good), base_url="http://localhost") as client:
+            r = client.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"})
+            assert r.status_code == 202 and r.json()["state"] == "queued", r.text  # no worker: it waits its turn
+    finally:
+        server.stop()

@@ -105,12 +105,20 @@ return 1
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
+_AUTH_ADVICE = (
+    "refused the connection: it needs a password, or the one given is wrong; give it in the URL, "
+    "redis://:PASSWORD@HOST:PORT/N"
+)
+
+
 @contextmanager
 def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
     """Redis failing a request as :class:`QueueUnavailableError`: unreachable (refused, timed out, gone mid-answer),
     or refusing (out of memory under ``noeviction``, a database number it does not have)."""
     try:
         yield
+    except redis.exceptions.AuthenticationError as exc:  # a ConnectionError to redis-py, but not "check that it runs"
+        raise QueueUnavailableError(f"{url_hint} {_AUTH_ADVICE} ({exc})") from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise QueueUnavailableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
     except redis.exceptions.RedisError as exc:
@@ -163,6 +171,16 @@ class JobStore:
 
     def key(self, kind: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{name}"
+
+    def check_access(self) -> None:
+        """:class:`QueueUnavailableError` when Redis refuses this client's password (or wants one): a worker would
+        retry that forever. A Redis that is not up yet is no error here: the worker waits for it."""
+        try:
+            self.redis.ping()
+        except redis.exceptions.AuthenticationError as exc:
+            raise QueueUnavailableError(f"the queue's Redis {_AUTH_ADVICE} ({exc})") from None
+        except redis.exceptions.RedisError:
+            pass
 
     # -- the API's side -----------------------------------------------------------------------------------------
 

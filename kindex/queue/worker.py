@@ -266,6 +266,7 @@ class _Monitor:
 def run_worker(config: WorkerConfig) -> int:
     """Consume the queue until SIGTERM/SIGINT; the exit code of the Celery worker."""
     store = JobStore.from_url(config.queue)
+    store.check_access()  # a wrong password was retried 100 times, said as "Authentication required"
     if LLMSettings.from_env().configured:
         import_litellm()  # seconds, paid when the worker starts rather than inside its first step
     app = make_app(config.queue, redeliver_after=config.redeliver_after)
