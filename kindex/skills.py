@@ -81,9 +81,13 @@ def find_skills(
     grouping; skills are ordered by their best score (ties by uri). ``skills`` are the library's valid skills
     (:func:`kindex.skillmodel.load_skills`); :meth:`kindex.KnowledgeBase.find_skills` passes both for you.
     """
-    if limit < 1:
-        raise UsageError(f"limit must be at least 1, got {limit}")
-    wanted = set(levels) if levels is not None else {0, 1, 2}
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"limit must be a whole number of at least 1, got {limit!r}")
+    wanted = set(levels) if isinstance(levels, Iterable) and not isinstance(levels, (str, bytes)) else None
+    if levels is None:
+        wanted = {0, 1, 2}
+    elif wanted is None or not wanted <= {0, 1, 2} or any(isinstance(x, bool) for x in wanted):
+        raise UsageError(f"levels must be a list of the levels 0, 1 and 2, got {levels!r}")
     by_folder = {s.folder: s for s in skills.values()}
     best: dict[str, SkillHit] = {}
     # The ranking is best first (ties by path), so a skill's first entry in it is its best hit; candidates are
@@ -362,6 +366,7 @@ def _reindex_skill(root: Path, name: str, opts: generate.Options) -> RunReport:
 
 def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[str] | None = None) -> bytes:
     """The skill ``name`` as a ZIP (``name/…``, index files and hidden files left out); written to ``out`` if given."""
+    _check_name(name)
     folder = Path(kb).resolve() / name
     if not NAME.fullmatch(name) or folder.is_symlink() or not (folder / SKILL_FILE).is_file():
         raise SkillError(f"no skill named {name!r} in {kb}")
@@ -376,6 +381,11 @@ def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[s
     if out is not None:
         atomic_write(_written_outside(out, {"library": Path(kb)}), data)
     return data
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):
+        raise UsageError(f"a skill's name is a string, got {type(name).__name__}")
 
 
 def _written_outside(out: str | os.PathLike[str], folders: Mapping[str, str | os.PathLike[str] | None]) -> Path:
@@ -397,6 +407,7 @@ def _written_outside(out: str | os.PathLike[str], folders: Mapping[str, str | os
 
 def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Options | None = None) -> None:
     """Remove the skill ``name`` and its entries (the root index is rewritten without it)."""
+    _check_name(name)
     root = Path(kb).resolve()
     folder = root / name
     if not NAME.fullmatch(name) or not (folder / SKILL_FILE).is_file():

@@ -617,3 +617,20 @@ def test_a_workspace_that_cannot_be_made_is_a_clear_error(library: Path, tmp_pat
         skills.sync_skills(library, blocker / "sub")
     result = CliRunner().invoke(main, ["skills", "sync", str(library), str(blocker / "sub"), "--json"])
     assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "storage_error"
+
+
+def test_wrong_argument_types_are_usage_errors_not_type_errors(library: Path) -> None:
+    for kwargs, said in [
+        ({"limit": None}, "limit must be a whole number of at least 1, got None"),
+        ({"limit": 0}, "limit must be a whole number of at least 1, got 0"),
+        ({"levels": 1.5}, "levels must be a list of the levels 0, 1 and 2, got 1.5"),
+        ({"levels": [3]}, "levels must be a list of the levels 0, 1 and 2, got [3]"),
+        ({"levels": "01"}, "levels must be a list of the levels 0, 1 and 2, got '01'"),
+    ]:
+        with pytest.raises(kindex.UsageError) as raised:
+            kindex.find_skills(library, "pdf", **kwargs)  # type: ignore[arg-type]
+        assert raised.value.message == said
+    assert [h.level for h in kindex.find_skills(library, "merge pdf", levels=[0])] == [0]
+    for call in (skills.export_skill, skills.delete_skill):
+        with pytest.raises(kindex.UsageError, match="a skill's name is a string, got int"):
+            call(library, 7)  # type: ignore[arg-type]
