@@ -24,9 +24,14 @@ _LEADING = re.compile(r"\A(?:[A-Za-z]:/)?(?:\.?/)*")
 def normalize_path(path: str) -> str:
     """Forward slashes, no leading ``./`` or ``/``, no drive letter, no empty or ``.`` folder (``a//b``, ``a/./b``):
     the form globs are matched against, and the one name a document has."""
-    path = _LEADING.sub("", path.strip().replace("\\", "/"))
-    if "//" in path or "/./" in path:
-        path = "/".join(part for part in path.split("/") if part not in ("", "."))
+    return without_dot_folders(_LEADING.sub("", path.strip().replace("\\", "/")))
+
+
+def without_dot_folders(path: str) -> str:
+    """``path`` without its empty and ``.`` folders (``./a.md``, ``a//b.md``, ``a/./b.md``: ``a.md``, ``a/b.md``),
+    nothing else changed: spaces and backslashes may be part of a file's name."""
+    if "//" in path or "./" in path:
+        return "/".join(part for part in path.split("/") if part not in ("", "."))
     return path
 
 

@@ -47,7 +47,7 @@ import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError
-from kindex.globs import normalize_path
+from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_digest, headings_of, scan
@@ -669,7 +669,7 @@ def read_entries(kb: Path) -> Entries:
     # Each document by its one name (`./a.md`, `a//b.md` in a hand-edited index are `a.md`, `a/b.md`): listed as
     # written, the same file was searched and served twice.
     docs: list[tuple[str, str | None, DocItem]] = [
-        (normalize_path(d.path), None, d) for d in root.documents if "/" not in normalize_path(d.path)
+        (without_dot_folders(d.path), None, d) for d in root.documents if "/" not in without_dot_folders(d.path)
     ]
     seen_themes: set[str] = set()
     themes: list[ThemeRecord] = []
@@ -706,7 +706,7 @@ def read_entries(kb: Path) -> Entries:
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
         docs.extend(
-            (normalize_path(f"{t.dir}/{d.path}"), t.dir, d) for d in sub.documents if ".." not in d.path.split("/")
+            (without_dot_folders(f"{t.dir}/{d.path}"), t.dir, d) for d in sub.documents if ".." not in d.path.split("/")
         )
     # A hand-edited index may list a document twice: it is one document, searched and served once.
     unique = list({rel: (rel, theme, item) for rel, theme, item in reversed(docs)}.values())[::-1]

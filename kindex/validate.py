@@ -90,7 +90,8 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
                 f"{d.rel}: its entry is a stand-in (its previous or an extractive one): its model call failed "
                 f"({stand_ins[d.rel].reason}); {_retry(fix, stand_ins[d.rel])}"
             )
-    listed = [e for rel, e in stand_ins.items() if rel == INDEX_FILE or rel in {d.rel for d in s.documents}]
+    documents = {d.rel for d in s.documents}
+    listed = [e for rel, e in stand_ins.items() if rel == INDEX_FILE or rel in documents]
     if len(listed) > 1:
         # After a run the model stopped answering, one `doc` per document is a chore; one reindex asks again only
         # what has no cached answer.
