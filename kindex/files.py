@@ -83,6 +83,16 @@ def regular_file(path: Path) -> bool:
         return False
 
 
+def identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The device and inode ``path`` leads to (through symlinks), ``None`` when nothing is there: what tells a
+    folder replaced under its name (a deploy's ``mv``, a symlink switched to a new release) from the same one."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from kindex import config, generate, skills
 from kindex.errors import InvalidFileError, KBNotFoundError, NotFoundError, UsageError
-from kindex.files import regular_file
+from kindex.files import identity, regular_file
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
 from kindex.records import INDEX_FILE
@@ -126,27 +126,58 @@ class KnowledgeBase:
     ) -> None:
         """``settings`` as given, or (``None``) the KB's own: ``flags`` > environment > ``kindex.toml`` > defaults,
         read again whenever ``kindex.toml`` changes."""
-        self.path = Path(path).resolve()
+        self._as_given = os.path.abspath(path)
         self._given = settings
         self._flags = dict(flags or {})
         self._client = client
-        self._settings: Settings | None = None
-        self._config_stamp: tuple[int, int] | None = None
-        self._config_file = os.path.join(self.path, config.CONFIG_FILE)  # a string: stat-ed on every call
-        self._retriever: Retriever | None = None
-        self._skills = SkillShelf(self.path)
         self._state = threading.Lock()
         self._writing = threading.Lock()
         """Writers of this handle take turns; other processes are kept out by the KB's file lock."""
+        real = os.path.realpath(self._as_given)
+        self._follows = real != self._as_given
+        """Whether the path given passes a symlink, which may be switched; a folder replaced under its own name (a
+        deploy's ``mv``) needs no rebinding: the tables and settings are stat-checked by path on every call."""
+        self._bind(real)
+
+    def _bind(self, real: str) -> None:
+        """Hold the folder ``real`` and forget what was loaded from another one."""
+        self._path = Path(real)
+        self._identity = identity(real)
+        self._settings: Settings | None = None
+        self._config_stamp: tuple[int, int] | None = None
+        self._config_file = os.path.join(real, config.CONFIG_FILE)  # a string: stat-ed on every call
+        self._retriever: Retriever | None = None
+        self._skills = SkillShelf(self._path)
+
+    def _follow(self) -> None:
+        """Rebind when the path the handle was given leads to another folder now: a symlink switched to a new
+        release of the KB (``current -> releases/N``) is served from the new release, not the first one forever
+        (and a release deleted under a dangling link is "gone", not "no index yet"). One ``stat`` a call: a
+        ``realpath`` only when the folder's identity changed."""
+        if not self._follows:
+            return
+        now = identity(self._as_given)
+        if now != self._identity or now is None:
+            real = os.path.realpath(self._as_given)
+            with self._state:
+                if real != str(self._path) or identity(real) != self._identity:
+                    self._bind(real)
+
+    @property
+    def path(self) -> Path:
+        """The knowledge folder (resolved: where the path given leads now)."""
+        self._follow()
+        return self._path
 
     def __repr__(self) -> str:
-        return f"KnowledgeBase({str(self.path)!r})"
+        return f"KnowledgeBase({str(self._path)!r})"
 
     @property
     def settings(self) -> Settings:
         """The settings in force (the KB's own ones are re-read when ``kindex.toml`` changes: one ``stat``)."""
         if self._given is not None:
             return self._given
+        self._follow()
         try:
             st = os.stat(self._config_file)
             stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
@@ -154,7 +185,7 @@ class KnowledgeBase:
             stamp = None
         with self._state:
             if self._settings is None or stamp != self._config_stamp:
-                self._settings = Settings.resolved(self.path, self._flags, client=self._client)
+                self._settings = Settings.resolved(self._path, self._flags, client=self._client)
                 self._config_stamp = stamp
             return self._settings
 
@@ -172,9 +203,10 @@ class KnowledgeBase:
     @property
     def retriever(self) -> Retriever:
         """The KB's loaded search tables (loaded on first use; :class:`kindex.KBNotFoundError` without a folder)."""
+        self._follow()
         with self._state:
             if self._retriever is None:
-                self._retriever = Retriever(self.path)
+                self._retriever = Retriever(self._path)
             return self._retriever
 
     def context(

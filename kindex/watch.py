@@ -12,7 +12,6 @@ failed batch share one watcher's state.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +22,7 @@ import watchfiles
 
 from kindex.config import CONFIG_FILE
 from kindex.errors import BusyError, CancelledRun, InterruptedRun, KindexError, ModelError, StorageError
-from kindex.files import walk
+from kindex.files import identity, walk
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.records import INDEX_FILE
@@ -203,14 +202,6 @@ class _Replaced(KindexError):
     """The watched folder's name now leads to another folder: it is watched again."""
 
 
-def _identity(folder: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(folder)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _indexed_themes(kb: Path) -> set[str] | None:
     """The themes the root index on disk lists (``None``: it cannot be read): what a batch is planned against. A
     step that failed may already have rewritten the root, so a set kept in memory can be wrong either way."""
@@ -293,7 +284,7 @@ class Watcher:
 
     def _watch(self, root: Path, *, first: bool) -> None:
         ready = False
-        watched = _identity(root)
+        watched = identity(root)
         for changes in watchfiles.watch(
             root,
             # `step` is the quiet time that ends a batch; `debounce` only caps how long one batch may grow.
@@ -316,7 +307,7 @@ class Watcher:
                 self.on_update(Update((), (), (), (), f"{root} is gone: stopped watching it"))
                 self.stopped.set()
                 return
-            now = _identity(root)
+            now = identity(root)
             if now is not None and now != watched:
                 # A new folder under the name (a deploy's `mv new kb`, rm -rf and a fresh copy): the watch follows the
                 # old one, wherever it went, and heard nothing of the new.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -247,6 +248,30 @@ def test_a_handles_registry_keeps_at_most_its_limit_and_drops_the_least_recently
     assert handles.get(a) is first  # used again: now the most recent
     handles.get(c)  # drops b, the least recently used
     assert handles.get(a) is first and len(handles._handles) == 2 and str(b.resolve()) not in handles._handles
+
+
+def test_a_knowledge_base_handle_follows_a_symlink_switched_to_a_new_release(sample_kb: Path, tmp_path: Path) -> None:
+    # The handle resolved its path once: a deploy's `current -> releases/N` switch was never seen, and with the old
+    # release deleted it answered "no index yet" of a folder nobody named. The single-KB MCP server is such a handle.
+    r1, r2, current = tmp_path / "r1", tmp_path / "r2", tmp_path / "current"
+    shutil.copytree(sample_kb, r1)
+    shutil.copytree(sample_kb, r2)
+    (r2 / "火星.md").write_text("# 火星殖民计划\n\n火星殖民计划的第一阶段在二〇三〇年。\n", encoding="utf-8")
+    (r2 / "kindex.toml").write_text("[context]\nmax_docs = 1\n", encoding="utf-8")
+    for release in (r1, r2):
+        kindex.reindex(release)
+    current.symlink_to("r1")
+    kb = kindex.KnowledgeBase(current)
+    assert "火星.md" not in [i.path for i in kb.context("火星殖民计划").items]
+    assert kb.settings.max_docs != 1
+    (tmp_path / "next").symlink_to("r2")
+    (tmp_path / "next").replace(current)  # atomic, as deploy tools switch
+    assert [i.path for i in kb.context("火星殖民计划").items] == ["火星.md"]
+    assert kb.path == r2 and kb.settings.max_docs == 1  # its settings are the new release's too
+    assert kb.search("火星殖民计划")[0].path == "火星.md"
+    shutil.rmtree(r2)
+    with pytest.raises(kindex.KBNotFoundError, match="does not exist"):
+        kb.context("火星殖民计划")
 
 
 @pytest.mark.parametrize(
