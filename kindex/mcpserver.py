@@ -431,7 +431,9 @@ def http_app(server: MCPServer, *, token: str | None, host: str, port: int) -> A
         )
     else:  # a public bind: the token is the guard
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, json_response=True)
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", transport_security=security, json_response=True, stateless_http=True
+    )
     return app if token is None else _BearerGuard(app, token)
 
 

@@ -241,6 +241,36 @@ def test_http_refuses_requests_without_the_token_and_foreign_hosts(serving: str)
     anyio.run(probe)
 
 
+@pytest.mark.slow
+def test_http_keeps_no_session_a_client_must_close(serving: str) -> None:
+    # Each session was kept 30 minutes (the SDK's idle reap) unless the client sent DELETE, which a killed client
+    # never does: 67 KB a session, up to 10,000 sessions. Every tool is one request and answer, so none is kept: no
+    # session id is given, and a call on its own (to another replica behind a balancer) is answered.
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "search", "arguments": {"question": "发票怎么开", "agent": "kb"}},
+    }
+
+    async def probe() -> None:
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            opened = await http.post(serving, json=init)
+            assert opened.status_code == 200 and "mcp-session-id" not in opened.headers
+            alone = await http.post(serving, json=call, headers={"mcp-protocol-version": "2025-06-18"})
+            found = alone.json()["result"]["structuredContent"]["results"]
+            assert found[0]["path"] == "billing/发票开具.md"
+
+    anyio.run(probe)
+
+
 def test_a_public_bind_needs_a_token(indexed: Path) -> None:
     server = build_server(Library(kb=indexed))
     with pytest.raises(kindex.UsageError, match="without KINDEX_API_TOKEN"):
