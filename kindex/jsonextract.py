@@ -27,8 +27,20 @@ def extract_object(text: str) -> dict[str, Any]:
     A clean answer is taken as it is. Otherwise prose, code fences and trailing objects around the first object
     are ignored; braces and quotes inside JSON strings (with their escapes) do not confuse the scan. An answer that
     is valid JSON but not an object (an array, a string) is refused rather than searched, since the model did not
-    do what was asked. Raises :class:`AnswerError` saying why nothing usable was found.
+    do what was asked, and so is one that could not be written back as JSON (the answer cache keeps it). Raises
+    :class:`AnswerError` saying why nothing usable was found.
     """
+    obj = _extract(text)
+    try:
+        orjson.dumps(obj)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        # The parsers read 1,024 levels and integers of any size; orjson writes 254 levels and 64-bit integers, and
+        # the run crashed caching the answer (every later run again, since nothing was kept).
+        raise AnswerError(f"the answer's JSON object cannot be kept: {exc}") from None
+    return obj
+
+
+def _extract(text: str) -> dict[str, Any]:
     if not text or not text.strip():
         raise AnswerError("the answer is empty")
     if len(text) > MAX_ANSWER_CHARS:
@@ -91,8 +103,13 @@ def _finite(value: str) -> float:
     return number
 
 
+def _int(value: str) -> int | float:
+    number = int(value)
+    return number if -(2**63) <= number < 2**64 else _finite(value)  # beyond 64 bits a float, as orjson reads it
+
+
 # As strict as the parser of the other paths (orjson): no NaN, no Infinity, no 1e999.
-_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite, parse_int=_int)
 
 
 def _first_object_parsed_from_a_brace(text: str) -> dict[str, Any] | None:

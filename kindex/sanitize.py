@@ -32,7 +32,16 @@ def supported_glob(glob: str, evidence: str) -> bool:
     ext = "." + name.rsplit(".", 1)[-1].casefold()
     if ext in (".md", ".markdown", ".*", ".") or "*" in ext:
         return False
-    return ext in evidence.casefold()
+    # The whole extension: ".js" inside "settings.json", ".c" inside ".com" made a proposed glob stick, and the page
+    # was then shown only to chats about files the KB never meant.
+    text = evidence.casefold()
+    at = text.find(ext)
+    while at >= 0:
+        after = at + len(ext)
+        if after == len(text) or not (text[after].isalnum() or text[after] == "_"):
+            return True
+        at = text.find(ext, at + 1)
+    return False
 
 
 def root_index(

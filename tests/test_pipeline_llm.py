@@ -202,6 +202,28 @@ def test_garbage_twice_fails_one_document_only_and_the_next_run_retries_it(sampl
     assert kindex.validate(sample_kb) == []
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"title": "T", "summary": "S", "tags": [], "x": ' + "[" * 300 + "]" * 300 + "}",  # orjson writes 254 levels
+        '{"{\\" {"title": "T", "summary": "S", "id": 123456789012345678901234567890}',  # read by the fallback parser
+    ],
+    ids=["nested-300-deep", "integer-beyond-64-bits"],
+)
+def test_an_answer_the_cache_cannot_keep_fails_its_document_not_the_run(sample_kb: Path, answer: str) -> None:
+    # The run crashed writing the answer to the cache (a traceback, no index for the theme), and every later run
+    # the same way, since nothing was kept.
+    bad = "rate-limits.md"
+    report = kindex.reindex(sample_kb, client_options(FakeClient(by_path={bad: answer})))
+
+    if "id" in answer:  # a number beyond 64 bits is read as a float, as orjson reads it: the entry is used
+        assert report.ok
+    else:
+        assert [f.path for f in report.failures] == [f"developer/{bad}"]
+        assert "cannot be kept" in report.failures[0].reason
+    assert any(d["path"] == bad for d in load(sample_kb / "developer" / "index.json")["documents"])
+
+
 def test_a_repair_request_that_gets_a_good_answer_is_used(sample_kb: Path) -> None:
     client = FakeClient(by_path={"离线模式.md": "not json"}, repair=well_behaved)
 
@@ -359,6 +381,10 @@ def test_a_proposed_glob_is_kept_when_the_document_names_that_file_type() -> Non
     answer = {"title": "T", "summary": "S", "paths": ["src/**/*.vue", "**/*.md", "*", "docs/readme"]}
     assert doc_entry(answer, "a.md", evidence="Rules for every .vue single-file component").paths == ("src/**/*.vue",)
     assert doc_entry(answer, "a.md", evidence="How refunds work").paths == ()
+    # Only the whole extension counts: ".js" in "settings.json", ".c" in ".com" name no such file.
+    js = {"title": "T", "summary": "S", "paths": ["**/*.js", "**/*.c"]}
+    assert doc_entry(js, "a.md", evidence="在 settings.json 中填写 app_id，见 example.com").paths == ()
+    assert doc_entry(js, "a.md", evidence="每个 .js 文件；和 main.c。").paths == ("**/*.js", "**/*.c")
 
 
 def test_an_answer_cut_off_while_looping_on_tags_is_salvaged_without_a_repair_call(sample_kb: Path) -> None:
