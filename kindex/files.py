@@ -17,12 +17,14 @@ MAX_FOLDER_DEPTH = 32
 and a generated or hostile one (1,000 levels) must not exhaust the walk."""
 
 
-def read_regular(path: Path, limit: int) -> bytes:
+def read_regular(path: Path, limit: int, *, inside: Path | None = None) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit + 1`` of them (the caller tells too large).
 
-    A special file is never opened, and one swapped in between the look and the open is not read. Raises
-    :class:`InvalidFileError` for a folder or a special file (a FIFO would block, ``/dev/zero`` never ends) or more
-    than ``limit`` bytes, ``OSError`` when it cannot be read.
+    A special file is never opened, and one swapped in between the look and the open is not read. With ``inside``
+    (a resolved folder), the file opened must be one that folder holds: checked on the open file, so a symlink
+    swapped in after the caller looked (to another tenant's file, to /etc/passwd) is not read. Raises
+    :class:`InvalidFileError` for a folder or a special file (a FIFO would block, ``/dev/zero`` never ends), more
+    than ``limit`` bytes or a file outside ``inside``, ``OSError`` when it cannot be read.
     """
     # Looked at before it is opened (opening a device can act: /dev/ptmx makes a terminal, a tape rewinds), and
     # again once open, without waiting for a FIFO's writer: what is read is what was checked.
@@ -35,6 +37,12 @@ def read_regular(path: Path, limit: int) -> bytes:
             raise InvalidFileError(f"{path.name} is not a regular file")
         if st.st_size > limit:
             raise InvalidFileError(f"{path.name} is larger than {limit // 2**20} MiB")
+        if inside is not None:
+            # Where the name leads now, and whether that is the file open: a swap after the open shows as another
+            # file (or one outside), so nothing outside is ever returned, whatever the timing.
+            real = os.path.realpath(path)
+            if not Path(real).is_relative_to(inside) or identity(real) != (st.st_dev, st.st_ino):
+                raise InvalidFileError(f"{path.name} leads outside the knowledge folder: not read")
         with open(fd, "rb", closefd=False) as fh:
             return fh.read(limit + 1)
     finally:

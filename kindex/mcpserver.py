@@ -35,6 +35,7 @@ from kindex.errors import (
     InvalidFileError,
     KBNotFoundError,
     KindexError,
+    NotAThemeError,
     NotFoundError,
     UsageError,
 )
@@ -47,7 +48,7 @@ from kindex.records import INDEX_FILE
 from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
-from kindex.store import read_index_file
+from kindex.store import listed_theme_index, read_index_file
 
 
 class ResourceMissing(NotFoundError, ResourceNotFoundError):
@@ -403,9 +404,11 @@ def _index_json(kb: KnowledgeBase, dir_name: str | None) -> str:
         root, _ = read_index_file(kb.path / INDEX_FILE)
         if dir_name is None:
             return root.to_json().decode()
-        if dir_name not in {t.dir for t in root.themes}:
-            raise ResourceMissing(f"not_a_theme: {dir_name!r} is not a topic of this KB")
-        theme, _ = read_index_file(kb.path / dir_name / INDEX_FILE)
+        try:
+            path = listed_theme_index(kb.path, root, dir_name)
+        except NotAThemeError:
+            raise ResourceMissing(f"not_a_theme: {dir_name!r} is not a topic of this KB") from None
+        theme, _ = read_index_file(path)
         return theme.to_json().decode()
     except (OSError, InvalidFileError, IndexMissingError):
         raise ResourceMissing("index_missing: this KB has no index yet: run `kindex reindex` on it") from None

@@ -187,7 +187,7 @@ class Scan:
         checkout`` during a run), the excerpt the scan kept. One changed document must not end a run; the next
         run (or the watcher) indexes it as it is now."""
         try:
-            text, digest = _decode(self.kb / doc.rel)
+            text, digest = _decode(self.kb / doc.rel, self.kb)
         except (OSError, InvalidFileError):
             digest = ""
         if digest != doc.sha256:
@@ -343,7 +343,7 @@ def _scan_file(
                 warnings.append(Skipped(path=rel, reason=problem))
             return doc
     try:
-        text, digest = _decode(path)
+        text, digest = _decode(path, root)
     except InvalidFileError as exc:
         skipped.append(Skipped(path=rel, reason=exc.message))
         return None
@@ -510,8 +510,8 @@ def _valid_row(row: object, excerpt_chars: int) -> bool:
     )
 
 
-def _decode(path: Path) -> tuple[str, str]:
-    data = read_regular(path, MAX_DOC_BYTES)
+def _decode(path: Path, kb: Path) -> tuple[str, str]:
+    data = read_regular(path, MAX_DOC_BYTES, inside=kb)  # a link swapped in since the scan looked is not followed out
     if len(data) > MAX_DOC_BYTES:
         raise InvalidFileError(f"larger than {MAX_DOC_BYTES // (1024 * 1024)} MiB: not a document to index")
     return decode_document(data), hashlib.sha256(data).hexdigest()
@@ -680,8 +680,8 @@ def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
     if not servable(kb, rel):
         return None
     try:
-        with open(kb / rel, "rb") as fh:
-            data = fh.read(MAX_DOC_BYTES + 1)
+        # servable() looked by name; the read checks the file it opened (a symlink swapped in between is not read).
+        data = read_regular(kb / rel, MAX_DOC_BYTES, inside=kb)
         text = decode_document(data)
     except (OSError, InvalidFileError):
         return None

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import orjson
 
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError, StorageError, ThemeFolderError
+from kindex.errors import (
+    IndexMissingError,
+    InvalidFileError,
+    KindexError,
+    NotAThemeError,
+    StorageError,
+    ThemeFolderError,
+)
 from kindex.files import read_regular, regular_file
 from kindex.records import INDEX_FILE, INDEX_VERSION, Index, clean_text, parse_index
 
@@ -106,7 +113,10 @@ def index_bytes(path: Path) -> bytes:
     """
     if path.is_dir():
         raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
-    return read_regular(path, MAX_INDEX_BYTES)
+    # Read only from its own folder: an index.json linked to another agent's index served its titles and summaries
+    # (the first paragraphs of the documents) as this KB's. A theme folder that is itself a link is the callers'
+    # to refuse.
+    return read_regular(path, MAX_INDEX_BYTES, inside=Path(os.path.realpath(path.parent)))
 
 
 _OWN_START = re.compile(rb'\{\s*"version"\s*:\s*1\b')
@@ -123,6 +133,8 @@ def refuse_foreign(path: Path, label: str) -> None:
     manifest with its own "version", a site's search data, JSON with NaN or a BOM): replacing it would lose it."""
     if not regular_file(path):
         return  # none, a FIFO or a device (replaced), a folder (the write says so)
+    if path.is_symlink() and not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(path.parent)):
+        return  # a link out of the folder, never read as this KB's index: the write replaces the link, not its file
     try:
         data = index_bytes(path)
     except OSError:
@@ -214,6 +226,23 @@ def refuse_knowledge_folders(kb: Path, themes: Iterable[str]) -> None:
             f"holds one knowledge folder per agent is the service's --kb-root, not a knowledge folder); if '{name}' "
             f"is a theme of '{kb.name}' after all, remove {holds.removeprefix('its own ')} from it"
         )
+
+
+def listed_theme_index(kb: Path, root: Index, dir_name: str) -> Path:
+    """The index file of theme ``dir_name``, which ``root`` (the KB's root index) lists: the scan's rule for a
+    theme, without a scan (a whole KB read per request): a folder directly in the KB, not hidden, not a symlink. A
+    hand-edited root index listing "..", "a/b" or a link leads nowhere else (a link to another agent's folder served
+    its index). :class:`NotAThemeError` otherwise."""
+    folder = kb / dir_name
+    if (
+        dir_name not in {t.dir for t in root.themes}
+        or dir_name.startswith(".")
+        or folder.parent != kb
+        or folder.is_symlink()
+        or not folder.is_dir()
+    ):
+        raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
+    return folder / INDEX_FILE
 
 
 def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import shutil
 import socket
@@ -36,6 +37,8 @@ from kindex.markdown import headings
 from kindex.tokenize import estimate_tokens
 from tests.conftest import SAMPLE_KB, llm_settings
 from tests.fakellm import FakeLLM, Reply, is_root, well_behaved
+
+SCAN: Any = importlib.import_module("kindex.scan")  # the module: `kindex.scan` is the function
 
 
 @pytest.fixture
@@ -890,6 +893,71 @@ def test_a_theme_that_is_a_link_out_of_the_kb_has_nothing_read(indexed: Path, tm
     results = kindex.search(indexed, "机密工资表 退款", themes=True)
     assert not any("机密" in r.title or r.path.startswith("evil") for r in results)
     assert any("theme 'evil' is a symbolic link: ignored" in w for w in kindex.build_context(indexed, "退款").warnings)
+
+
+def _outside_secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "secret.md"
+    secret.write_text("# 机密\n\n密码 hunter2\n", encoding="utf-8")
+    return secret
+
+
+def _swap_for_link(path: Path, target: Path) -> None:
+    link = path.with_name(path.name + ".swap")
+    link.symlink_to(target)
+    link.replace(path)  # atomic, as a tenant's racing script does it
+
+
+def test_a_document_swapped_for_a_link_after_it_was_checked_is_not_read(
+    indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check looked by name and the read opened the name again: a link swapped in between served another
+    # tenant's file (or /etc/passwd) under this KB's document's name, over HTTP and MCP.
+    secret, doc = _outside_secret(tmp_path), indexed / "billing" / "退款政策.md"
+    real_servable = SCAN.servable
+
+    def checked_then_swapped(kb: Path, rel: str) -> bool:
+        ok: bool = real_servable(kb, rel)
+        if rel == "billing/退款政策.md":
+            _swap_for_link(doc, secret)
+        return ok
+
+    monkeypatch.setattr(SCAN, "servable", checked_then_swapped)
+    assert SCAN.document_text(indexed, "billing/退款政策.md") is None
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert "hunter2" not in ctx.text
+
+
+def test_a_document_swapped_for_a_link_during_the_scan_is_not_indexed(
+    sample_kb: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scan looked (lstat: a file), then read by name: the outside file's first paragraph became the entry's
+    # summary, served to anyone who searched.
+    secret, doc = _outside_secret(tmp_path), sample_kb / "billing" / "退款政策.md"
+    real_signature = SCAN._stat_signature
+
+    def looked_then_swapped(st: os.stat_result) -> Any:
+        if doc.exists() and not doc.is_symlink() and os.stat(doc).st_ino == st.st_ino:
+            _swap_for_link(doc, secret)
+        return real_signature(st)
+
+    monkeypatch.setattr(SCAN, "_stat_signature", looked_then_swapped)
+    report = kindex.reindex(sample_kb)
+    assert "hunter2" not in (sample_kb / "billing" / "index.json").read_text(encoding="utf-8")
+    assert any(s.path == "billing/退款政策.md" and "outside" in s.reason for s in report.skipped)
+
+
+def test_an_index_file_linked_to_another_kbs_is_not_read(indexed: Path, tmp_path: Path) -> None:
+    # alice's index.json a link to bob's: search listed bob's titles and summaries (first paragraphs) as alice's.
+    bob = tmp_path / "bob"
+    bob.mkdir()
+    (bob / "plan.md").write_text("# 收购计划\n\n收购 ZEBRACORP。\n", encoding="utf-8")
+    kindex.reindex(bob)
+    (indexed / "index.json").unlink()
+    (indexed / "index.json").symlink_to(bob / "index.json")
+    kindex.kb.clear_cache()
+    with pytest.raises(kindex.IndexMissingError, match="leads outside the knowledge folder"):
+        kindex.search(indexed, "收购计划 ZEBRACORP")
+    assert any("leads outside the knowledge folder" in p for p in kindex.validate(indexed))
 
 
 def test_a_device_in_place_of_an_index_file_is_never_opened(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:

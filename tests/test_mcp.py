@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import orjson
 import pytest
 import uvicorn
 from mcp import Client, MCPError, StdioServerParameters
@@ -269,6 +270,31 @@ def test_http_keeps_no_session_a_client_must_close(serving: str) -> None:
             assert found[0]["path"] == "billing/发票开具.md"
 
     anyio.run(probe)
+
+
+def test_a_theme_resource_behind_a_link_is_not_read(indexed: Path, tmp_path: Path) -> None:
+    # MCP checked only that the root index listed the theme: a theme folder linked to another agent's served its
+    # index (titles, summaries) where the HTTP route answered not_a_theme.
+    from kindex.mcpserver import ResourceMissing, _index_json
+
+    bob = tmp_path / "bob"
+    bob.mkdir()
+    (bob / "index.json").write_bytes(
+        orjson.dumps(
+            {
+                "version": 1,
+                "themes": [],
+                "documents": [{"path": "plan.md", "title": "收购计划", "summary": "收购 ZEBRACORP"}],
+            }
+        )
+    )
+    (indexed / "secret").symlink_to(bob, target_is_directory=True)
+    root = orjson.loads((indexed / "index.json").read_bytes())
+    root["themes"].append({"dir": "secret", "title": "secret", "summary": "secret"})
+    (indexed / "index.json").write_bytes(orjson.dumps(root))
+    with pytest.raises(ResourceMissing, match="not_a_theme"):
+        _index_json(kindex.KnowledgeBase(indexed), "secret")
+    assert "退款政策.md" in _index_json(kindex.KnowledgeBase(indexed), "billing")
 
 
 def test_a_public_bind_needs_a_token(indexed: Path) -> None:

@@ -525,12 +525,12 @@ def test_a_stand_in_excerpt_is_not_kept_as_the_documents_body(tmp_path: Path, mo
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The documents read from disk (by the scan and by a step), in order; files older than a timestamp step."""
     monkeypatch.setattr(SCAN, "_RACY_NS", 0)  # a test's files are all fresh: none would be trusted
-    real: Callable[[Path], tuple[str, str]] = SCAN._decode
+    real: Callable[[Path, Path], tuple[str, str]] = SCAN._decode
     seen: list[str] = []
 
-    def counting(path: Path) -> tuple[str, str]:
+    def counting(path: Path, kb: Path) -> tuple[str, str]:
         seen.append(path.name)
-        return real(path)
+        return real(path, kb)
 
     monkeypatch.setattr(SCAN, "_decode", counting)
     return seen

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kindex.errors import IndexMissingError, InvalidFileError, NotAThemeError, NotFoundError, status_of
+from kindex.errors import IndexMissingError, InvalidFileError, NotFoundError, status_of
 from kindex.kb import KnowledgeBase, Step, check_agent_id
 from kindex.records import INDEX_FILE, Index
 from kindex.results import Context, ImportResult, Preview, Ranking, RunReport, SkillHit, TaskModel
@@ -30,7 +30,7 @@ from kindex.server.schemas import (
     WatchUpdateModel,
 )
 from kindex.server.state import AgentWatch, ServerState, agent_kb, authorize, server_state, strict_request
-from kindex.store import read_index_file, refuse_theme_folder
+from kindex.store import listed_theme_index, read_index_file, refuse_theme_folder
 
 _WAIT = Query(True, description="Answer when the step is done; false: 202 with a task to poll.")
 _STEP_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": RunReport}, 202: {"model": TaskModel}}
@@ -151,19 +151,9 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
         raise IndexMissingError("this KB has no index yet: POST …/knowledge/reindex first") from None
     if dir_name is None:
         return root
-    folder = kb / dir_name
-    # The scan's rule for a theme, without a scan (a whole KB read per request): a folder directly in the KB, not
-    # hidden, not a symlink. A hand-edited root index listing "..", "a/b" or a link leads nowhere else.
-    if (
-        dir_name not in {t.dir for t in root.themes}
-        or dir_name.startswith(".")
-        or folder.parent != kb
-        or folder.is_symlink()
-        or not folder.is_dir()
-    ):
-        raise NotAThemeError(f"{dir_name!r} is not a theme of this KB's index")
+    path = listed_theme_index(kb, root, dir_name)
     try:
-        sub, _ = read_index_file(kb / dir_name / INDEX_FILE)
+        sub, _ = read_index_file(path)
     except (OSError, InvalidFileError, IndexMissingError):
         raise IndexMissingError(f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
     return sub
