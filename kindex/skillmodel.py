@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kindex.errors import SkillError
-from kindex.files import MAX_FOLDER_DEPTH, regular_file, walk
+from kindex.errors import InvalidFileError, SkillError
+from kindex.files import MAX_FOLDER_DEPTH, read_regular, regular_file, walk
 from kindex.records import INDEX_FILE, THEME_TAGS_MAX, ThemeItem, clean_tags, clean_text
 from kindex.results import Context, SkillClosure
-from kindex.scan import split_frontmatter
+from kindex.scan import MAX_DOC_BYTES, split_frontmatter
 
 SKILL_FILE = "SKILL.md"
 NAME = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -82,8 +82,9 @@ def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_na
     folder_name = folder_name or folder.name
     rel = f"{folder_name}/{SKILL_FILE}"
     try:
-        text = (folder / SKILL_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        # Bounded, never a FIFO, and only the folder's own file, whatever was swapped in since it was listed.
+        text = read_regular(folder / SKILL_FILE, MAX_DOC_BYTES, inside=Path(os.path.realpath(folder))).decode()
+    except (OSError, UnicodeDecodeError, InvalidFileError) as exc:
         problems.append(Problem(rel, f"cannot be read as UTF-8 ({exc.__class__.__name__})"))
         return None
     meta, _, broken = split_frontmatter(text.removeprefix("\ufeff"))
@@ -117,16 +118,23 @@ def read_skill(folder: Path, problems: list[Problem] | None = None, *, folder_na
     )
 
 
+def holds_skill(folder: Path) -> bool:
+    """Whether ``folder`` is a skill package: a folder (not a symlink: the scan does not follow it either, and export
+    or sync must not hand out what it points to) holding a regular ``SKILL.md`` of its own (a ``SKILL.md`` linked
+    out of it served the frontmatter of a file elsewhere, another agent's skill or any file, as this skill)."""
+    if folder.is_symlink() or not folder.is_dir() or folder.name.startswith("."):
+        return False
+    path = folder / SKILL_FILE
+    return regular_file(path) and (
+        not path.is_symlink() or Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+    )
+
+
 def skill_folders(kb: Path) -> list[Path]:
-    """First-level folders of ``kb`` that hold a ``SKILL.md``; a symlinked folder is never one (the scan does not
-    follow it either, and export or sync must not hand out what it points to)."""
+    """First-level folders of ``kb`` that are skill packages (:func:`holds_skill`)."""
     if not kb.is_dir():
         return []
-    return sorted(
-        p
-        for p in kb.iterdir()
-        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and regular_file(p / SKILL_FILE)
-    )
+    return sorted(p for p in kb.iterdir() if holds_skill(p))
 
 
 def is_skill_library(kb: Path) -> bool:

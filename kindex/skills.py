@@ -41,11 +41,12 @@ from kindex.skillmodel import (
     Problem,
     Skill,
     closure,
+    holds_skill,
     load_skills,
     package_files,
     read_skill,
 )
-from kindex.store import STATE_DIR, atomic_write, index_bytes
+from kindex.store import STATE_DIR, atomic_write, index_bytes, state_folder
 
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
@@ -266,10 +267,8 @@ def import_skill(
         raise SkillError("archive: not a ZIP file") from None
     with archive, write_lock(root, "skills import", wait=opts.wait):
         members, _ = _zip_members(archive, max_bytes, max_files)
-        work = root / STATE_DIR / "import"
-        work.mkdir(parents=True, exist_ok=True)
-        for debris in work.glob("skill-*"):  # an import killed before its cleanup (the lock: none runs now)
-            shutil.rmtree(debris, ignore_errors=True)
+        work = state_folder(root, "import")
+        _clear_debris(work)
         # Not mkdtemp: its 0700 stayed with the installed folder, which other users (a chat backend) could not
         # read; mkdir gives what the umask allows, as every other folder of the library has.
         staging = work / f"skill-{secrets.token_hex(8)}"
@@ -294,7 +293,7 @@ def import_skill(
                 return ImportResult(
                     name=name, replaced=False, renamed_from=None, files=len(members), report=report, same=True
                 )
-            if replace and (root / name).exists() and not (root / name / SKILL_FILE).is_file():
+            if replace and (root / name).exists() and not holds_skill(root / name):
                 raise SkillError(
                     f"'{name}' is a folder of ordinary documents, not a skill: replacing it is refused "
                     "(rename the skill, or move that folder first)"
@@ -314,9 +313,7 @@ def import_skill(
 
 def _holds_same(folder: Path, staging: Path) -> bool:
     """Whether ``folder`` is a skill package with the very files of ``staging`` (:func:`skill_version`)."""
-    return (
-        not folder.is_symlink() and (folder / SKILL_FILE).is_file() and skill_version(folder) == skill_version(staging)
-    )
+    return holds_skill(folder) and skill_version(folder) == skill_version(staging)
 
 
 def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
@@ -326,10 +323,24 @@ def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
     return read_skill(staging, problems, folder_name=name if isinstance(name, str) and name else "(unnamed)")
 
 
+def _clear_debris(work: Path) -> None:
+    """Remove what imports killed before their clean-up left in ``work`` (the lock: none runs now), through the
+    folder opened without following a link, so a link swapped in for it cannot turn this into another's folder."""
+    try:
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise StorageError(f"{STATE_DIR}/{work.name} cannot be opened: {exc.strerror or exc}") from None
+    try:
+        for entry in os.listdir(fd):
+            if entry.startswith("skill-"):
+                shutil.rmtree(entry, dir_fd=fd, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
 def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> RunReport:
     """Move ``staging`` into ``root/name`` and index it; on any failure put back what was there."""
     target = root / name
-    backup_dir = root / STATE_DIR / "backup" / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
     try:  # the root index as it was, to put back on failure; what kindex did not write is not read (a FIFO)
         saved_root_index: bytes | None = index_bytes(root / INDEX_FILE)
     except FileNotFoundError:
@@ -339,7 +350,7 @@ def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> Ru
         raise SkillError(f"the library's {INDEX_FILE} cannot be kept ({message}): remove it and import again") from None
     had_old = target.exists()
     if had_old:
-        backup_dir.parent.mkdir(parents=True, exist_ok=True)
+        backup_dir = state_folder(root, "backup") / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
         os.replace(target, backup_dir)
     try:
         os.replace(staging, target)
@@ -368,7 +379,7 @@ def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[s
     """The skill ``name`` as a ZIP (``name/…``, index files and hidden files left out); written to ``out`` if given."""
     _check_name(name)
     folder = Path(kb).resolve() / name
-    if not NAME.fullmatch(name) or folder.is_symlink() or not (folder / SKILL_FILE).is_file():
+    if not NAME.fullmatch(name) or not holds_skill(folder):
         raise SkillError(f"no skill named {name!r} in {kb}")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -410,12 +421,11 @@ def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Option
     _check_name(name)
     root = Path(kb).resolve()
     folder = root / name
-    if not NAME.fullmatch(name) or not (folder / SKILL_FILE).is_file():
+    if not NAME.fullmatch(name) or not holds_skill(folder):
         raise SkillError(f"no skill named {name!r} in {kb}")
     opts = options or generate.Options()
     with write_lock(root, "skills delete", wait=opts.wait):
-        trash = root / STATE_DIR / "trash" / f"{name}-{os.getpid()}"
-        trash.parent.mkdir(parents=True, exist_ok=True)
+        trash = state_folder(root, "trash") / f"{name}-{os.getpid()}"
         os.replace(folder, trash)  # atomic: the skill is gone at once for readers
         generate.root(root, opts)
         shutil.rmtree(trash, ignore_errors=True)

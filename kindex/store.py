@@ -228,6 +228,25 @@ def refuse_knowledge_folders(kb: Path, themes: Iterable[str]) -> None:
         )
 
 
+def state_folder(kb: Path, name: str) -> Path:
+    """``KB/.kindex/<name>``, made when missing; :class:`StorageError` when something else is there: a symbolic
+    link there led a skill import's clean-up, its backups and the trash into another agent's folder (deleting
+    folders there, planting a package in it). Callers hold the KB's write lock, which refuses a linked ``.kindex``."""
+    folder = kb / STATE_DIR / name
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(parents=True)
+    try:
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise StorageError(f"{STATE_DIR}/{name} cannot be made: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):  # lstat: a link to a folder is a link
+        raise StorageError(
+            f"{STATE_DIR}/{name} in the knowledge folder is not a folder (a symbolic link or a file): kindex keeps its "
+            "own work there; remove it and run again"
+        )
+    return folder
+
+
 def listed_theme_index(kb: Path, root: Index, dir_name: str) -> Path:
     """The index file of theme ``dir_name``, which ``root`` (the KB's root index) lists: the scan's rule for a
     theme, without a scan (a whole KB read per request): a folder directly in the KB, not hidden, not a symlink. A

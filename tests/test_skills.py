@@ -409,6 +409,25 @@ def test_a_replaced_skill_stays_in_the_backup(library: Path) -> None:
     assert len(backups) == 1 and "Create, merge and edit" in (backups[0] / "SKILL.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("work", ["import", "backup", "trash"])
+def test_kindexs_work_folders_linked_elsewhere_are_refused_not_followed(
+    library: Path, tmp_path: Path, work: str
+) -> None:
+    # A tenant's link at .kindex/import made an import delete another agent's skill-* folders and unpack there;
+    # at .kindex/backup a replace moved the old package into the other agent's KB, which then served it.
+    bob = tmp_path / "bob"
+    write(bob / "skill-notes" / "keep.md", "# keep\n\nbob's\n")
+    (library / ".kindex" / work).symlink_to(bob, target_is_directory=True)
+    package = make_zip({"pdf-tools/SKILL.md": skill_md("pdf-tools", "A new PDF toolkit.")})
+    with pytest.raises(kindex.StorageError, match=f"{work} in the knowledge folder is not a folder"):
+        if work == "trash":
+            skills.delete_skill(library, "pdf-tools")
+        else:
+            skills.import_skill(library, package, replace=True)
+    assert sorted(p.relative_to(bob).as_posix() for p in bob.rglob("*")) == ["skill-notes", "skill-notes/keep.md"]
+    assert "Create, merge and edit" in (library / "pdf-tools" / "SKILL.md").read_text(encoding="utf-8")
+
+
 def test_one_keyword_finds_its_skill(library: Path) -> None:
     assert kindex.find_skills(library, "PDF")[0].uri.startswith("pdf-tools/")
     assert kindex.find_skills(library, "vault")[0].uri.startswith("vault-helper/")
@@ -474,6 +493,20 @@ def test_a_symlinked_skill_folder_is_neither_exported_nor_synced(library: Path, 
     result = skills.sync_skills(library, tmp_path / "workspace")
     assert not (tmp_path / "workspace" / "outside-skill").exists()
     assert "outside-skill" not in result.synced and "pdf-tools" in result.synced
+
+
+def test_a_skill_md_linked_out_of_its_folder_makes_no_skill(library: Path, tmp_path: Path) -> None:
+    # The scan skipped it, but the skill list followed the link: MCP's read_skill served the outside file's
+    # frontmatter (another agent's skill, or any file), and export answered an empty ZIP.
+    write(tmp_path / "outside.md", skill_md("leak", "OUTSIDE-SKILL-SECRET hunter3"))
+    (library / "leak").mkdir()
+    (library / "leak" / "SKILL.md").symlink_to(tmp_path / "outside.md")
+    handle = kindex.KnowledgeBase(library)
+    with pytest.raises(kindex.NotFoundError, match="no skill named 'leak'"):
+        handle.skill("leak")
+    with pytest.raises(kindex.SkillError, match="no skill named 'leak'"):
+        skills.export_skill(library, "leak")
+    assert "leak" not in {hit.name for hit in kindex.find_skills(library, "OUTSIDE-SKILL-SECRET")}
 
 
 def test_sync_onto_the_library_itself_is_refused(library: Path) -> None:
