@@ -53,7 +53,9 @@ class Cache:
         # SQLite fails on anything else there, or blocks on a FIFO (its journal too): said before the run pays for
         # a first answer it could not keep.
         for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
-            if os.path.lexists(path) and not regular_file(path):
+            # A link is no file of this KB's either: SQLite wrote through it (another agent's cache, its answers
+            # dropped by this KB's labels).
+            if os.path.lexists(path) and (os.path.islink(path) or not regular_file(path)):
                 raise StorageError(f"{path} is not a regular file: remove it (it holds only answers already paid for)")
         if self.path.is_file():
             self._read()

@@ -746,6 +746,7 @@ def test_salvaging_a_deeply_nested_cut_off_answer_stays_linear() -> None:
         ("cache-is-a-folder", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
         ("cache-is-a-fifo", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),
         ("journal-is-a-fifo", "{kb}/.kindex/answers.sqlite-journal is not a regular file: remove it"),
+        ("cache-is-a-link", "{kb}/.kindex/answers.sqlite is not a regular file: remove it"),  # SQLite wrote through
     ],
 )
 def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: str, message: str) -> None:
@@ -761,6 +762,9 @@ def test_damaged_state_files_are_named_not_tracebacks(sample_kb: Path, damage: s
             (state / "write.lock").symlink_to("write.lock")
         elif damage == "cache-is-a-folder":
             (state / "answers.sqlite").mkdir()
+        elif damage == "cache-is-a-link":  # to another agent's cache
+            (sample_kb.parent / "other.sqlite").write_bytes(b"")
+            (state / "answers.sqlite").symlink_to(sample_kb.parent / "other.sqlite")
         elif damage == "journal-is-a-fifo":  # SQLite read it as a hot journal: every model step hung
             (state / "answers.sqlite").write_bytes(b"")
             os.mkfifo(state / "answers.sqlite-journal")
