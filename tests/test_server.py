@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -422,14 +424,11 @@ def cached_count(kb: Path) -> int:
         return int(db.execute("SELECT count(*) FROM answers").fetchone()[0])
 
 
-def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
-    kb_root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import threading
-
+def _one_call_per_agent(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event, threading.Event]:
+    """One read call per agent at once, and a context call that, for the message "block", says it entered and
+    waits to be released: the agents computing now, and the two events."""
     import kindex.server.state as server_state
 
-    shutil.copytree(SAMPLE_KB, kb_root / "agent2", ignore=shutil.ignore_patterns(".kindex", "index.json"))
     monkeypatch.setattr(server_state, "CALLS_PER_AGENT", 1)
     inside: list[str] = []
     entered, release = threading.Event(), threading.Event()
@@ -445,20 +444,42 @@ def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
         )
 
     monkeypatch.setattr(kindex.KnowledgeBase, "context", fake_context)
+    return inside, entered, release
+
+
+@contextlib.asynccontextmanager
+async def _agent1_blocked(
+    app: FastAPI, entered: threading.Event
+) -> AsyncIterator[tuple[httpx.AsyncClient, asyncio.Task[httpx.Response]]]:
+    """A client, and agent1's context call "block", in the agent's one slot once this yields."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=AUTH) as client:
+        first = asyncio.create_task(client.post(f"{BASE}/context", json={"message": "block"}))
+        await asyncio.to_thread(entered.wait, 30)
+        yield client, first
+
+
+async def _until_waiting(gate: Any, request: asyncio.Task[Any]) -> int:
+    """Event-loop turns (no clock) until ``request`` waits at ``gate`` or ends: how many wait there then."""
+    for _ in range(100_000):
+        if gate.waiting or request.done():
+            break
+        await asyncio.sleep(0)
+    return int(gate.waiting)
+
+
+def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
+    kb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(SAMPLE_KB, kb_root / "agent2", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    inside, entered, release = _one_call_per_agent(monkeypatch)
     app = create_app(kb_root, token=TOKEN, llm=LLMSettings())
 
     async def scenario() -> None:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=AUTH) as client:
-            first = asyncio.create_task(client.post(f"{BASE}/context", json={"message": "block"}))
-            await asyncio.to_thread(entered.wait, 30)
+        async with _agent1_blocked(app, entered) as (client, first):
             second = asyncio.create_task(client.post(f"{BASE}/context", json={"message": "queued"}))
-            gate = app.state.kindex.gates["agent1"]
-            for _ in range(100_000):  # event-loop turns until the second request reaches the gate; no clock
-                if gate.waiting:
-                    break
-                await asyncio.sleep(0)
-            assert gate.waiting == 1 and inside == ["agent1"]  # it waits on the loop, holding no worker thread
+            waiting = await _until_waiting(app.state.kindex.gates["agent1"], second)
+            assert waiting == 1 and inside == ["agent1"]  # it waits on the loop, holding no worker thread
             other = "/v1/agents/agent2/knowledge/context"
             r = await asyncio.wait_for(client.post(other, json={"message": "other"}), timeout=30)
             assert r.status_code == 200 and not second.done()  # another agent is served meanwhile
@@ -469,6 +490,37 @@ def test_one_agents_flood_of_context_calls_waits_its_turn_and_others_are_served(
     # The same app served by a new event loop (a semaphore that waited once is bound to its loop) still gates.
     entered.clear()
     release.clear()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("method", "route", "body"),
+    [
+        ("GET", "/reindex/preview", None),  # a full scan each
+        ("GET", "/index", None),  # a 30 MB theme index read and written out
+        ("POST", "/reindex/sub", {"dir": "nope"}),  # a scan before the step is queued
+        ("PUT", "/watch", None),  # a scan
+    ],
+)
+def test_every_route_that_scans_or_reads_index_files_waits_its_agents_turn(
+    kb_root: Path, monkeypatch: pytest.MonkeyPatch, method: str, route: str, body: Any
+) -> None:
+    # 48 previews of one agent held every worker of the shared pool and another agent's 6 ms context call took 28 s:
+    # only /context, /search and skill search waited behind the agent's gate.
+    _, entered, release = _one_call_per_agent(monkeypatch)
+    app = create_app(kb_root, token=TOKEN, llm=LLMSettings())
+
+    async def scenario() -> None:
+        async with _agent1_blocked(app, entered) as (client, first):
+            heavy = asyncio.create_task(client.request(method, f"{BASE}{route}", json=body))
+            waited = await _until_waiting(app.state.kindex.gates["agent1"], heavy)
+            release.set()
+            await first
+            await heavy
+            if route == "/watch":
+                await client.delete(f"{BASE}/watch")
+            assert waited == 1 and not heavy.exception()
+
     asyncio.run(scenario())
 
 

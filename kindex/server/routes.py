@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
@@ -69,10 +70,23 @@ async def _run_step(state: ServerState, agent_id: str, step: Step, wait: bool) -
     return Response(task.report.model_dump_json(), media_type=_JSON)
 
 
+T = TypeVar("T")
+
+
+async def _in_turn(state: ServerState, agent_id: str, work: Callable[[], T]) -> T:
+    """``work`` on a worker thread behind the agent's gate (after its folder was checked): every route that scans,
+    reads index files or unpacks waits its agent's turn, as /context does. A flood of previews (a full scan each)
+    held every worker of the shared pool and stalled another agent's 6 ms context call for 28 s."""
+    async with state.gate(agent_id):
+        return await run_in_threadpool(work)
+
+
 @knowledge.get("/reindex/preview", response_model=Preview, summary="Scan only: steps, themes, skipped")
-def preview(agent_id: str, request: Request) -> Any:
+async def preview(agent_id: str, request: Request) -> Any:
+    state = server_state(request)
+    kb = state.handle(agent_id)
     # The agent's folder by its id: where the server keeps it is no business of a tenant's.
-    return server_state(request).handle(agent_id).preview().model_copy(update={"kb": agent_id})
+    return (await _in_turn(state, agent_id, kb.preview)).model_copy(update={"kb": agent_id})
 
 
 @knowledge.post("/reindex/root", responses=_STEP_RESPONSES, summary="Write the root index.json")
@@ -85,7 +99,7 @@ async def reindex_sub(agent_id: str, body: SubRequest, request: Request, wait: b
     state = server_state(request)
     kb = agent_kb(state, agent_id)
     # A scan of a large KB takes a while: off the event loop, so context requests are not held up.
-    await asyncio.to_thread(lambda: scan(kb).theme_docs(body.dir))
+    await _in_turn(state, agent_id, lambda: scan(kb).theme_docs(body.dir))
     return await _run_step(state, agent_id, Step("sub", body.dir), wait)
 
 
@@ -93,7 +107,7 @@ async def reindex_sub(agent_id: str, body: SubRequest, request: Request, wait: b
 async def reindex_doc(agent_id: str, body: DocRequest, request: Request, wait: bool = _WAIT) -> Response:
     state = server_state(request)
     kb = agent_kb(state, agent_id)
-    await asyncio.to_thread(lambda: scan(kb).theme_doc(body.dir, body.path))
+    await _in_turn(state, agent_id, lambda: scan(kb).theme_doc(body.dir, body.path))
     return await _run_step(state, agent_id, Step("doc", body.dir, body.path, body.clear_dir), wait)
 
 
@@ -134,13 +148,19 @@ async def search(agent_id: str, body: SearchRequest, request: Request) -> Respon
 
 
 @knowledge.get("/index", response_model=Index, summary="The root index")
-def root_index(agent_id: str, request: Request) -> Response:
-    return Response(_read_index(agent_kb(server_state(request), agent_id), None).to_json(), media_type=_JSON)
+async def root_index(agent_id: str, request: Request) -> Response:
+    return await _index_response(server_state(request), agent_id, None)
 
 
 @knowledge.get("/index/{dir}", response_model=Index, summary="One theme's index")
-def theme_index(agent_id: str, dir: str, request: Request) -> Response:
-    return Response(_read_index(agent_kb(server_state(request), agent_id), dir).to_json(), media_type=_JSON)
+async def theme_index(agent_id: str, dir: str, request: Request) -> Response:
+    return await _index_response(server_state(request), agent_id, dir)
+
+
+async def _index_response(state: ServerState, agent_id: str, dir_name: str | None) -> Response:
+    kb = agent_kb(state, agent_id)
+    body = await _in_turn(state, agent_id, lambda: _read_index(kb, dir_name).to_json())
+    return Response(body, media_type=_JSON)
 
 
 def _read_index(kb: Path, dir_name: str | None) -> Index:
@@ -162,7 +182,8 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
 @knowledge.put("/watch", response_model=WatchModel, summary="Reindex the agent's folder whenever it changes")
 async def watch_on(agent_id: str, request: Request) -> Any:
     state = server_state(request)
-    return _watch_model(agent_id, await asyncio.to_thread(state.watch, agent_id))
+    agent_kb(state, agent_id)
+    return _watch_model(agent_id, await _in_turn(state, agent_id, lambda: state.watch(agent_id)))
 
 
 @knowledge.get("/watch", response_model=WatchModel, summary="Whether the folder is watched, and the last update")
@@ -218,19 +239,23 @@ def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
 @skills_router.post("/find", response_model=list[SkillHit], summary="Skills matching a query, one hit each")
 async def find(agent_id: str, body: FindRequest, request: Request) -> Any:
     state = server_state(request)
-    kb = await run_in_threadpool(_library, state, agent_id)
-    async with state.gate(agent_id):
-        return await run_in_threadpool(kb.find_skills, body.query, limit=body.limit, levels=body.levels)
+    agent_kb(state, agent_id)
+    return await _in_turn(
+        state, agent_id, lambda: _library(state, agent_id).find_skills(body.query, limit=body.limit, levels=body.levels)
+    )
 
 
 @skills_router.post("/import", response_model=ImportResult, summary="Install a one-skill ZIP (multipart `file`)")
-def import_skill(
+async def import_skill(
     agent_id: str,
     request: Request,
     file: UploadFile = File(description="The skill package (.zip)."),  # noqa: B008 - FastAPI's idiom
     replace: bool = Query(False, description="Replace a skill of the same name instead of adding NAME-v2."),
 ) -> Any:
-    return server_state(request).handle(agent_id).import_skill(file.file.read(), replace=replace)
+    state = server_state(request)
+    kb = state.handle(agent_id)
+    data = await file.read()
+    return await _in_turn(state, agent_id, lambda: kb.import_skill(data, replace=replace))
 
 
 @skills_router.get(
@@ -239,15 +264,19 @@ def import_skill(
     responses={200: {"content": {"application/zip": {}}, "description": "The skill as a ZIP."}},
     summary="Download a skill as a ZIP",
 )
-def export_skill(agent_id: str, name: str, request: Request) -> Response:
-    data = _library(server_state(request), agent_id).export_skill(name)
+async def export_skill(agent_id: str, name: str, request: Request) -> Response:
+    state = server_state(request)
+    agent_kb(state, agent_id)
+    data = await _in_turn(state, agent_id, lambda: _library(state, agent_id).export_skill(name))
     headers = {"Content-Disposition": f'attachment; filename="{name}.zip"'}
     return Response(data, media_type="application/zip", headers=headers)
 
 
 @skills_router.delete("/{name}", status_code=204, response_class=Response, summary="Remove a skill and its entries")
-def delete_skill(agent_id: str, name: str, request: Request) -> Response:
-    _library(server_state(request), agent_id).delete_skill(name)
+async def delete_skill(agent_id: str, name: str, request: Request) -> Response:
+    state = server_state(request)
+    agent_kb(state, agent_id)
+    await _in_turn(state, agent_id, lambda: _library(state, agent_id).delete_skill(name))
     return Response(status_code=204)
 
 
@@ -257,12 +286,18 @@ def delete_skill(agent_id: str, name: str, request: Request) -> Response:
     responses={200: {"content": {"application/zip": {}}, "description": "Changed skills and the manifest."}},
     summary="Sync package for a remote workspace",
 )
-def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response:
-    kb = _library(server_state(request), agent_id)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "sync.zip"
-        kb.sync_skills(None, only=body.only, zip_out=out, previous=body.manifest or {})
-        return Response(out.read_bytes(), media_type="application/zip")
+async def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response:
+    state = server_state(request)
+    agent_kb(state, agent_id)
+
+    def package() -> bytes:
+        kb = _library(state, agent_id)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "sync.zip"
+            kb.sync_skills(None, only=body.only, zip_out=out, previous=body.manifest or {})
+            return out.read_bytes()
+
+    return Response(await _in_turn(state, agent_id, package), media_type="application/zip")
 
 
 # -- tasks and health ---------------------------------------------------------------------------------------------
