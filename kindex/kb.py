@@ -524,6 +524,33 @@ def agent_folder(kb_root: Path, agent_id: str) -> Path:
     return kb
 
 
+CALLS_PER_AGENT = 4
+"""Read requests (context, search, skill search; a scan, an index file read) one agent has computing at once in a
+service (HTTP or MCP); more wait their turn on the event loop, holding no worker thread. A warm call takes a few ms,
+so four serve hundreds a second; but a 20,000-character message over a large KB takes about half a second of CPU,
+and 48 of them at once held every worker of the shared pool and stalled another agent's 4 ms call for up to 16 s."""
+
+
+class AgentGate:
+    """At most ``calls`` requests of one agent computing at once (an asyncio semaphore that says how many wait),
+    bound to the event loop it was made on."""
+
+    def __init__(self, calls: int) -> None:
+        self._free = asyncio.Semaphore(calls)
+        self.loop = asyncio.get_running_loop()
+        self.waiting = 0
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._free.release()
+
+
 class Handles:
     """KB handles by folder, at most ``limit`` (least recently used dropped): what the module-level functions and
     the MCP server keep, so a KB's tables stay loaded between calls without memory growing with every KB seen."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -295,6 +296,49 @@ def test_a_theme_resource_behind_a_link_is_not_read(indexed: Path, tmp_path: Pat
     with pytest.raises(ResourceMissing, match="not_a_theme"):
         _index_json(kindex.KnowledgeBase(indexed), "secret")
     assert "退款政策.md" in _index_json(kindex.KnowledgeBase(indexed), "billing")
+
+
+def test_one_agents_tool_calls_wait_their_turn_and_other_agents_are_served(
+    indexed: Path, library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 48 long searches of one agent put another agent's 6 ms search at 1.3 s: every call took a worker of the SDK's
+    # shared pool at once.
+    from types import SimpleNamespace
+
+    import kindex.mcpserver as mcpserver
+
+    indexed.rename(library.parent / "kb")
+    monkeypatch.setattr(mcpserver, "CALLS_PER_AGENT", 1)
+    turns = mcpserver._AgentTurns(Library(kb_root=library.parent))
+
+    def call(agent: object) -> Any:
+        return SimpleNamespace(method="tools/call", params={"name": "search", "arguments": {"agent": agent}})
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def blocked(ctx: Any) -> str:
+            await release.wait()
+            return "first"
+
+        async def answered(ctx: Any) -> str:
+            return "answered"
+
+        first = asyncio.create_task(turns(call("kb"), blocked))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(turns(call("kb"), answered))
+        for _ in range(1000):  # event-loop turns, no clock
+            if turns.gates["kb"].waiting:
+                break
+            await asyncio.sleep(0)
+        assert turns.gates["kb"].waiting == 1 and not second.done()
+        assert await turns(call("skills"), answered) == "answered"  # another agent meanwhile
+        assert await turns(call("../kb"), answered) == "answered"  # no gate for a name that is no agent's folder
+        assert set(turns.gates) == {"kb", "skills"}
+        release.set()
+        assert (await first, await second) == ("first", "answered")
+
+    asyncio.run(scenario())
 
 
 def test_a_public_bind_needs_a_token(indexed: Path) -> None:

@@ -14,7 +14,7 @@ from fastapi import Request
 
 from kindex.errors import BusyError, ForbiddenError, UnauthorizedError, UsageError
 from kindex.hosts import loopback, token_refusal
-from kindex.kb import Handles, KnowledgeBase, agent_folder
+from kindex.kb import CALLS_PER_AGENT, AgentGate, Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import TaskEngine
@@ -23,31 +23,6 @@ from kindex.watch import Pending, Update, Watcher
 
 MAX_LOADED_AGENTS = 64
 """Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
-CALLS_PER_AGENT = 4
-"""Read requests (context, skill search) one agent has computing at once; more wait their turn on the event loop,
-holding no worker thread. A warm call takes a few ms, so four serve hundreds a second; but a 20,000-character
-message over a large KB takes about half a second of CPU, and 48 of them at once held every worker of the shared
-pool and stalled another agent's 4 ms call for up to 16 s."""
-
-
-class AgentGate:
-    """At most ``CALLS_PER_AGENT`` read requests of one agent computing at once (an asyncio semaphore that says how
-    many wait)."""
-
-    def __init__(self, calls: int) -> None:
-        self._free = asyncio.Semaphore(calls)
-        self.loop = asyncio.get_running_loop()
-        self.waiting = 0
-
-    async def __aenter__(self) -> None:
-        self.waiting += 1
-        try:
-            await self._free.acquire()
-        finally:
-            self.waiting -= 1
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._free.release()
 
 
 @dataclass
