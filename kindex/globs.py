@@ -142,6 +142,23 @@ def _only_stars_cross(glob: str) -> str:
     return "".join(out)
 
 
+def split_globs(text: str) -> list[str]:
+    """The globs of one frontmatter string, split at the commas outside braces and classes: Cursor's rules write
+    ``globs: src/**/*.ts, src/**/*.tsx``, which was kept as one glob that no path matched, and the rule was never
+    shown (one linear pass)."""
+    out, start, depth = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]" and depth:
+            depth -= 1
+        elif ch == "," and not depth:
+            out.append(text[start:i].strip())
+            start = i + 1
+    out.append(text[start:].strip())
+    return [glob for glob in out if glob]
+
+
 def usable_glob(glob: str) -> bool:
     """Whether ``glob`` is within the bounds (at most two ``**`` and eight stars in all, at most 64 brace
     expansions), told by expanding its braces, not by compiling it: every scan and every index read checks the

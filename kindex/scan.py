@@ -35,9 +35,9 @@ from kindex.errors import (
     UsageError,
 )
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
-from kindex.globs import Compiled, any_match, normalize_path
+from kindex.globs import Compiled, any_match, normalize_path, split_globs
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
-from kindex.records import INDEX_FILE, clean_globs, clean_tags, clean_text
+from kindex.records import GLOBS_MAX, INDEX_FILE, clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
 from kindex.store import STATE_DIR, atomic_write
 from kindex.version import __version__
@@ -351,10 +351,11 @@ def _scan_file(
         skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
         return None
     meta, body, problem = split_frontmatter(text)
+    signals, glob_problem = signals_from(meta)
+    problem = "; ".join(p for p in (problem, glob_problem) if p) or None
     if problem:
         warnings.append(Skipped(path=rel, reason=problem))
     body = clean_body(body)
-    signals = signals_from(meta)
     if not body.strip() and not signals.title and not signals.description:
         skipped.append(Skipped(path=rel, reason="empty document: nothing to index"))
         return None
@@ -596,14 +597,25 @@ def clean_body(body: str) -> str:
     return _BLANK_RUNS.sub("\n\n", body)
 
 
-def signals_from(meta: Mapping[str, Any]) -> Signals:
-    """Frontmatter fields kindex uses: title, description/summary, tags/keywords, paths/globs."""
+def signals_from(meta: Mapping[str, Any]) -> tuple[Signals, str | None]:
+    """Frontmatter fields kindex uses: title, description/summary, tags/keywords, paths/globs; and what to warn of
+    the globs (an author's glob dropped makes the page unconditional: shown for every message)."""
 
     def first(*names: str) -> Any:
         return next((meta[n] for n in names if meta.get(n) not in (None, "", [])), None)
 
-    return _signals(
-        first("title", "name"), first("description", "summary"), first("tags", "keywords"), first("paths", "globs")
+    paths = first("paths", "globs")
+    if isinstance(paths, str):
+        paths = split_globs(paths)
+    signals = _signals(first("title", "name"), first("description", "summary"), first("tags", "keywords"), paths)
+    written = [p for p in paths if isinstance(p, str) and p.strip()] if isinstance(paths, list) else []
+    if len(signals.paths) >= min(len(set(written)), GLOBS_MAX):
+        return signals, None
+    dropped = [p for p in written if normalize_path(p) not in signals.paths]
+    unconditional = "; the page is shown for every message, as one without paths" if not signals.paths else ""
+    return signals, (
+        f"frontmatter paths: {len(dropped)} glob(s) cannot be used ({', '.join(repr(p[:80]) for p in dropped[:3])}; "
+        f"at most two ** and eight * in all, 64 brace expansions, no .. segment): dropped{unconditional}"
     )
 
 

@@ -77,6 +77,22 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def test_globs_written_as_one_string_are_split_and_dropped_ones_are_said(tmp_path: Path) -> None:
+    # Cursor's rules write `globs: a, b`: kept as one glob no path matched, the rule was never shown. A glob past the
+    # matcher's bounds was dropped without a word, and the page, no longer conditional, was shown for every message.
+    write(tmp_path / "r" / "cursor.md", "---\nglobs: src/**/*.ts, src/**/*.{ts,tsx}\n---\n# React\n\nBody.\n")
+    write(tmp_path / "r" / "deep.md", "---\npaths: ['src/**/a/**/b/**/*.tsx']\n---\n# UI\n\nBody.\n")
+    s = kindex.scan(tmp_path)
+    docs = {d.rel: d for d in s.documents}
+
+    assert docs["r/cursor.md"].signals.paths == ("src/**/*.ts", "src/**/*.{ts,tsx}")  # braces keep their comma
+    assert docs["r/deep.md"].signals.paths == ()
+    [warning] = [w for w in s.warnings if w.path == "r/deep.md"]
+    assert "1 glob(s) cannot be used ('src/**/a/**/b/**/*.tsx'" in warning.reason
+    assert "shown for every message" in warning.reason
+    assert not [w for w in s.warnings if w.path == "r/cursor.md"]
+
+
 @pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
 def test_frontmatter_is_read_whatever_the_line_endings(tmp_path: Path, eol: str) -> None:
     # CR-only files (classic Mac) had their frontmatter indexed as body text: the summary read "title: … tags: …".
@@ -651,7 +667,7 @@ def test_remembered_signals_are_cleaned_as_frontmatter_is(tmp_path: Path, reads:
     (kb / ".kindex" / "scan.json").write_bytes(orjson.dumps(rows))
     doc = next(d for d in scan(kb).documents if d.rel == "billing/doc1.md")
     frontmatter = {"title": "标题\x00" + "长" * 300, "tags": ["账单"], "paths": ["g" * 201, "src/**/*.tsx"]}
-    assert doc.signals == SCAN.signals_from(frontmatter)
+    assert doc.signals == SCAN.signals_from(frontmatter)[0]
     kindex.reindex(kb)
     entry = next(d for d in read_index(kb / "billing" / "index.json").documents if d.path == "doc1.md")  # type: ignore[union-attr]
     assert entry.paths == doc.signals.paths and len(entry.title) <= 200
