@@ -16,12 +16,28 @@ def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] =
     a glob the model proposes is kept only when the document's text (``evidence``) names the kind of file it
     targets, since an entry with globs disappears from every conversation without a matching file.
     """
-    fields = doc_fields(obj, path)
+    fields = _said(doc_fields(obj, path))
     missing = [name for name in ("title", "summary") if not fields[name]]
     if missing:
         raise AnswerError(f"the object has no usable {' or '.join(missing)} (non-empty strings are required)")
     fields["paths"] = author_paths or tuple(g for g in fields["paths"] if supported_glob(g, evidence))
     return DocItem(**fields)
+
+
+def _said(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without the texts that say nothing: no letter or digit in any script. A small model echoes the
+    prompt's placeholders ("...", "…") and the entry was kept: "## ..." as the page's header in every context."""
+
+    def says(text: str) -> bool:
+        return any(ch.isalnum() for ch in text)
+
+    out = dict(fields)
+    for name in ("title", "summary"):
+        out[name] = fields[name] if says(fields[name]) else ""
+    for name in ("tags", "questions"):
+        if name in fields:
+            out[name] = tuple(t for t in fields[name] if says(t))
+    return out
 
 
 def supported_glob(glob: str, evidence: str) -> bool:
@@ -68,7 +84,7 @@ def root_index(
         elif name in themes:
             notes.append(f"dropped themes[{i}]: second entry for dir {name!r}")
         else:
-            themes[name] = _fill_theme(theme_fields(raw, name), theme_defaults[name])
+            themes[name] = _fill_theme(_said(theme_fields(raw, name)), theme_defaults[name])
     for name in sorted(set(theme_defaults) - set(themes)):
         notes.append(f"theme {name!r} was missing: default entry added")
         themes[name] = theme_defaults[name]
@@ -78,8 +94,14 @@ def root_index(
 
 def require_root_lists(obj: Mapping[str, Any]) -> None:
     """:class:`AnswerError` unless a root answer has a ``themes`` or a ``documents`` list."""
-    if not isinstance(obj.get("themes"), list) and not isinstance(obj.get("documents"), list):
+    themes, docs = obj.get("themes"), obj.get("documents")
+    if not isinstance(themes, list) and not isinstance(docs, list):
         raise AnswerError('the object has neither a "themes" list nor a "documents" list')
+    entries = [e for e in (*(themes or ()), *(docs or ())) if isinstance(e, dict)]
+    said = [_said(theme_fields(e, "-")) for e in entries]
+    if entries and not any(f["title"] or f["summary"] for f in said):
+        # Every entry a placeholder ("..."): an answer that describes nothing is asked again, not kept (and cached).
+        raise AnswerError("no entry of the answer has a title or summary with a letter or digit (placeholders?)")
 
 
 def theme_index(docs: Sequence[DocItem]) -> Index:
@@ -96,7 +118,7 @@ def _align_docs(raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: lis
         elif path in docs:
             notes.append(f"dropped documents[{i}]: second entry for {path!r}")
         else:
-            docs[path] = _fill_doc(doc_fields(raw, path), defaults[path])
+            docs[path] = _fill_doc(_said(doc_fields(raw, path)), defaults[path])
     for path in sorted(set(defaults) - set(docs)):
         notes.append(f"document {path!r} was missing: extractive entry added")
         docs[path] = defaults[path]

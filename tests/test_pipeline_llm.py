@@ -224,6 +224,27 @@ def test_an_answer_the_cache_cannot_keep_fails_its_document_not_the_run(sample_k
     assert any(d["path"] == bad for d in load(sample_kb / "developer" / "index.json")["documents"])
 
 
+def test_an_answer_of_placeholders_is_asked_again_and_never_kept(sample_kb: Path) -> None:
+    # A small model echoing the prompt's "..." got exit 0, "index is valid", and "## ..." as every page's header in
+    # the context; cached, it stuck until --force.
+    placeholder = '{"title": "...", "summary": "…", "tags": ["...", "退款"], "questions": ["..."]}'
+    root = json.dumps({"themes": [{"dir": "billing", "title": "...", "summary": "..."}], "documents": []})
+    client = FakeClient(root=lambda call: root, by_path={"rate-limits.md": placeholder})
+    report = kindex.reindex(sample_kb, client_options(client))
+
+    assert sorted(f.path for f in report.failures) == ["developer/rate-limits.md", "index.json"]
+    assert [c.repair for c in client.calls if c.path == "rate-limits.md"] == [False, True]
+    entry = next(d for d in load(sample_kb / "developer" / "index.json")["documents"] if d["path"] == "rate-limits.md")
+    assert entry["title"] == "Rate limits"  # the extractive stand-in
+    themes = {t["dir"]: t["title"] for t in load(sample_kb / "index.json")["themes"]}
+    assert "..." not in themes.values()
+
+    from kindex.sanitize import doc_entry
+
+    kept = doc_entry(json.loads('{"title": "退款", "summary": "……到账", "tags": ["...", "退款"]}'), "a.md")
+    assert (kept.title, kept.summary, kept.tags) == ("退款", "……到账", ("退款",))  # only the empty-saying parts go
+
+
 def test_a_repair_request_that_gets_a_good_answer_is_used(sample_kb: Path) -> None:
     client = FakeClient(by_path={"离线模式.md": "not json"}, repair=well_behaved)
 
