@@ -125,6 +125,9 @@ def import_litellm() -> Any:
     # A run that stops early (a fatal error, Ctrl-C) drops litellm's calls not yet started; litellm made their
     # coroutine on an executor thread, and Python then printed its internals on stderr beside kindex's message.
     warnings.filterwarnings("ignore", r"coroutine '.*acompletion' was never awaited", RuntimeWarning)
+    # A server's odd usage numbers (a float count) made pydantic print its serializer warnings on a run's stderr;
+    # the call's failure says what was wrong.
+    warnings.filterwarnings("ignore", r"Pydantic serializer warnings", UserWarning)
     return litellm
 
 
@@ -294,6 +297,12 @@ class LiteLLMClient:
             except fatal as exc:
                 raise ModelError(f"model {s.model!r} cannot be used: {_short(exc)}{_fatal_hint(lt, exc)}") from None
             except (*retryable, _EmptyAnswer) as exc:
+                unreadable = _unreadable_response(exc)
+                if unreadable is not None:
+                    # Not an outage: the server answered something that is no chat completion (a float token count,
+                    # content as a list). The same answer would come again; and litellm's wording of it, with the
+                    # answer quoted, was taken for a rate limit when the answer held the word.
+                    raise ModelCallError(unreadable, attempt, transient=False) from None
                 if attempt >= s.retries:
                     where = s.api_base or "the provider"
                     failure = _connection_failure(exc)
@@ -315,10 +324,14 @@ class LiteLLMClient:
             except lt.BadRequestError as exc:  # a 400 (a document over the model's context): this document, for good
                 raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt, transient=False) from None
             except lt.APIError as exc:
+                unreadable = _unreadable_response(exc)
+                if unreadable is not None:
+                    raise ModelCallError(unreadable, attempt, transient=False) from None
                 raise ModelCallError(f"{_kind(exc)}: {_short(exc)}", attempt) from None
             usage = getattr(response, "usage", None)
-            prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-            completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+            # Never below zero: a server's negative counts made a run's totals negative.
+            prompt_tokens = max(0, int(getattr(usage, "prompt_tokens", 0) or 0))
+            completion_tokens = max(0, int(getattr(usage, "completion_tokens", 0) or 0))
             # litellm prices every response of a model it knows; unknown models leave the cost unset.
             cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
             priced = float(cost) if isinstance(cost, int | float) and cost > 0 else None
@@ -341,6 +354,21 @@ def _fatal_hint(lt: Any, exc: BaseException) -> str:
 
 class _EmptyAnswer(ModelError):
     """A response with no choices: a provider hiccup, worth a retry."""
+
+
+_INVALID_RESPONSE = "Invalid response object"
+"""How litellm words a response it cannot turn into a chat completion: its own traceback, then the response."""
+
+
+def _unreadable_response(exc: BaseException) -> str | None:
+    """What litellm could not read in the server's response (the last line of its traceback), or ``None``."""
+    text = str(exc)
+    at = text.find(_INVALID_RESPONSE)
+    if at < 0:
+        return None
+    trace = text[at + len(_INVALID_RESPONSE) :].split("\n\nreceived_args=", 1)[0].strip().splitlines()
+    cause = clean_text(trace[-1], 200) if trace else ""
+    return f"the server's answer is no chat completion litellm can read ({cause or 'no reason given'})"
 
 
 def _answer_text(response: Any) -> str:
@@ -418,4 +446,6 @@ def _short(exc: BaseException) -> str:
         return TIMED_OUT
     # A provider's text: its control characters dropped (an escape sequence in a 400's message reached the terminal
     # through the run's summary and validate), on one line, bounded.
-    return clean_text(str(exc), 301)
+    text = str(exc)
+    # litellm puts its own traceback in some messages: the file paths of this machine are no provider's complaint.
+    return clean_text(text.split("Traceback (most recent call last)", 1)[0] or text, 301)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import kindex
@@ -89,6 +90,36 @@ def test_a_non_json_body_is_a_call_failure_not_a_crash(fake_llm: FakeLLM) -> Non
 
     with pytest.raises(ModelCallError):
         complete(fake_llm, retries=1)
+
+
+def _completion(usage: dict[str, Any], content: Any = '{"title": "ok", "summary": "fine", "tags": []}') -> bytes:
+    message = {"role": "assistant", "content": content}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [choice], "usage": usage}
+    return orjson.dumps(body)
+
+
+def test_an_answer_litellm_cannot_read_fails_once_not_as_a_retried_outage(fake_llm: FakeLLM) -> None:
+    # A float token count: litellm refused the response, kindex retried it as an HTTP 500 (or as a rate limit when
+    # the quoted answer held "rate"), and the failure's reason held litellm's traceback with this machine's paths.
+    usage = {"prompt_tokens": 10, "completion_tokens": 2.7, "total_tokens": "rate limit"}
+    fake_llm.script = lambda r: Reply(raw_body=_completion(usage))
+
+    with pytest.raises(ModelCallError) as raised:
+        complete(fake_llm, retries=3)
+
+    assert len(fake_llm.requests) == 1 and raised.value.transient is False
+    assert raised.value.message.startswith("the server's answer is no chat completion litellm can read (")
+    assert "Traceback" not in raised.value.message and "site-packages" not in raised.value.message
+
+
+def test_negative_token_counts_count_as_none(fake_llm: FakeLLM) -> None:
+    usage = {"prompt_tokens": -5000, "completion_tokens": -3, "total_tokens": -5003}
+    fake_llm.script = lambda r: Reply(raw_body=_completion(usage))
+
+    completion = complete(fake_llm)
+
+    assert (completion.prompt_tokens, completion.completion_tokens) == (0, 0)
 
 
 @pytest.mark.parametrize(
