@@ -511,6 +511,12 @@ class _Runner:
         self._check_cancel()  # a late answer after a cancel is not used
         if not self.generator.offline:
             self.cache.put(key, answer.obj, label)
+        if answer.cut_off:
+            # What the model finished is used and the rest filled in (a root answer's missing entries extractive, each
+            # noted): without this, nothing said why, nor that --max-tokens mends it.
+            advice = _advice(TRUNCATED, self.opts)
+            if advice not in self.report.notes:
+                self.report.notes.append(advice)
         return answer
 
     # -- root -------------------------------------------------------------------------------------------------

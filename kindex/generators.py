@@ -100,6 +100,9 @@ class Answer:
     usage: Usage = field(default_factory=Usage)
     cached: bool = False
     """Read from the answer cache: what sanitising it notes was said when it was new."""
+    cut_off: bool = False
+    """The model's answer stopped at the token limit; what it finished was used (entries it never wrote get
+    extractive ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,7 @@ class LLMGenerator:
                     },
                 ]
                 continue
-            return Answer(obj, usage)
+            return Answer(obj, usage, cut_off=completion.cut_off)
         raise GenerationFailed("no answer after the repair request", usage)  # the loop always returns first
 
 

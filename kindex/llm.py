@@ -38,6 +38,8 @@ class Completion:
     completion_tokens: int = 0
     cost: float | None = None
     retries: int = 0
+    cut_off: bool = False
+    """The answer stopped at the token limit (``finish_reason: length``): what generation advises on."""
 
 
 class LLMClient(Protocol):
@@ -335,7 +337,8 @@ class LiteLLMClient:
             # litellm prices every response of a model it knows; unknown models leave the cost unset.
             cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
             priced = float(cost) if isinstance(cost, int | float) and cost > 0 else None
-            return Completion(text, prompt_tokens, completion_tokens, priced, retries=attempt)
+            cut_off = getattr(response.choices[0], "finish_reason", None) == "length"
+            return Completion(text, prompt_tokens, completion_tokens, priced, retries=attempt, cut_off=cut_off)
 
     def _delay(self, exc: BaseException, attempt: int) -> float:
         after = retry_after(exc)
@@ -376,7 +379,23 @@ def _answer_text(response: Any) -> str:
     if not choices:
         raise _EmptyAnswer("the response has no choices")
     message = getattr(choices[0], "message", None)
-    return str(getattr(message, "content", None) or "")
+    content = getattr(message, "content", None)
+    if content:
+        return str(content)
+    # A model that answers with a tool call (some do, given a JSON schema) wrote the entry as its arguments.
+    calls = getattr(message, "tool_calls", None) or ()
+    arguments = getattr(getattr(calls[0], "function", None), "arguments", None) if calls else None
+    if isinstance(arguments, str) and arguments.strip():
+        return arguments
+    if getattr(message, "reasoning_content", None):
+        # "The answer is empty" sent the user looking at the prompt: the model spent the whole answer thinking.
+        raise ModelCallError(
+            "the model wrote only its reasoning, no answer: raise --max-tokens (KINDEX_MAX_TOKENS; the reasoning "
+            "counts against it) or use a model that does not reason",
+            0,
+            transient=False,
+        )
+    return ""
 
 
 def retry_after(exc: BaseException) -> float | None:

@@ -31,6 +31,8 @@ class Reply:
     latency: float = 0.0
     trickle: float = 0.0
     """Seconds between the bytes of the body: a server that keeps the connection alive but never finishes."""
+    finish_reason: str = "stop"
+    """``length``: the answer stopped at the token limit."""
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -122,7 +124,7 @@ class FakeLLM:
                             {
                                 "index": 0,
                                 "message": {"role": "assistant", "content": reply.content},
-                                "finish_reason": "stop",
+                                "finish_reason": reply.finish_reason,
                             }
                         ]
                     )

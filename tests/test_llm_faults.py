@@ -113,6 +113,29 @@ def test_an_answer_litellm_cannot_read_fails_once_not_as_a_retried_outage(fake_l
     assert "Traceback" not in raised.value.message and "site-packages" not in raised.value.message
 
 
+def test_an_entry_written_as_a_tool_call_is_the_answer(fake_llm: FakeLLM) -> None:
+    # It failed as "the answer is empty": some models answer a JSON schema with a tool call.
+    entry = '{"title": "ok", "summary": "fine", "tags": []}'
+    call = {"id": "t", "type": "function", "function": {"name": "kindex_entry", "arguments": entry}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "usage": {}}
+    body["choices"] = [{"index": 0, "message": message, "finish_reason": "tool_calls"}]
+    fake_llm.script = lambda r: Reply(raw_body=orjson.dumps(body))
+
+    assert complete(fake_llm).text == entry
+
+
+def test_an_answer_that_is_all_reasoning_says_so(fake_llm: FakeLLM) -> None:
+    message = {"role": "assistant", "content": "", "reasoning_content": "Let me think about the title..."}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "usage": {}}
+    body["choices"] = [{"index": 0, "message": message, "finish_reason": "length"}]
+    fake_llm.script = lambda r: Reply(raw_body=orjson.dumps(body))
+
+    with pytest.raises(ModelCallError, match="the model wrote only its reasoning, no answer: raise --max-tokens"):
+        complete(fake_llm, retries=3)
+    assert len(fake_llm.requests) == 1
+
+
 def test_negative_token_counts_count_as_none(fake_llm: FakeLLM) -> None:
     usage = {"prompt_tokens": -5000, "completion_tokens": -3, "total_tokens": -5003}
     fake_llm.script = lambda r: Reply(raw_body=_completion(usage))

@@ -464,7 +464,8 @@ def test_a_root_answer_cut_off_inside_its_themes_keeps_the_themes_it_wrote(tmp_p
         if not is_root(request):
             return well_behaved(request)
         whole = json.dumps(good_root(request), ensure_ascii=False)
-        return Reply(whole[: whole.index('"topic03 的内容"') + 5])  # max_tokens reached in the 4th theme's summary
+        cut = whole[: whole.index('"topic03 的内容"') + 5]  # max_tokens reached in the 4th theme's summary
+        return Reply(cut, finish_reason="length")
 
     fake_llm.script = cut_off_root
     kb = _many_themes(tmp_path / "kb", 6)
@@ -475,6 +476,10 @@ def test_a_root_answer_cut_off_inside_its_themes_keeps_the_themes_it_wrote(tmp_p
     assert titles[:4] == ["主题 topic00", "主题 topic01", "主题 topic02", "主题 topic03"]
     assert titles[4:] == ["topic04", "topic05"]  # the themes never written get their default entries
     assert kindex.validate(kb) == []
+    # ...and the run says why and what mends it (it said only "theme 'topic04' was missing: default entry added").
+    assert "an answer was cut off by the token limit: raise --max-tokens (KINDEX_MAX_TOKENS) and run again" in (
+        report.notes
+    )
 
 
 def test_failed_calls_and_their_retries_are_counted_in_the_report(sample_kb: Path) -> None:
