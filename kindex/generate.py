@@ -270,6 +270,17 @@ def _run(
     return runner.report.report(time.monotonic() - started)
 
 
+MAX_ANSWER_NOTES = 20
+"""Notes said of one answer: an answer listing 9,000 invented themes made 9,000 lines on stderr, in the report and
+in a service's task record."""
+
+
+def _bounded(notes: list[str]) -> list[str]:
+    if len(notes) <= MAX_ANSWER_NOTES:
+        return notes
+    return [*notes[:MAX_ANSWER_NOTES], f"{len(notes) - MAX_ANSWER_NOTES} more notes like these"]
+
+
 def _advice(reason: str, opts: Options) -> str:
     """What to change when a document failed this way, said once per run (running it again as it is pays for the
     same failure again)."""
@@ -544,7 +555,7 @@ class _Runner:
         else:
             index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
             if not answer.cached:  # a no-op run repeated the same five notes on every run
-                self.report.notes.extend(f"index.json: {n}" for n in notes)
+                self.report.notes.extend(f"index.json: {n}" for n in _bounded(notes))
             self.indexed.update(d.rel for d in s.root_docs)
         if authored:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)

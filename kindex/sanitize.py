@@ -25,8 +25,9 @@ def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] =
 
 
 def _said(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` without the texts that say nothing: no letter or digit in any script. A small model echoes the
-    prompt's placeholders ("...", "…") and the entry was kept: "## ..." as the page's header in every context."""
+    """``fields`` without the texts that say nothing: no letter or digit in any script (a small model echoes the
+    prompt's placeholders, "...", and the entry was kept: "## ..." as the page's header in every context), and a
+    title that is a file path."""
 
     def says(text: str) -> bool:
         return any(ch.isalnum() for ch in text)
@@ -34,6 +35,11 @@ def _said(fields: dict[str, Any]) -> dict[str, Any]:
     out = dict(fields)
     for name in ("title", "summary"):
         out[name] = fields[name] if says(fields[name]) else ""
+    title = out["title"].casefold()
+    if "/" in title and title.endswith((".md", ".markdown")) and not any(ch.isspace() for ch in title):
+        # A path for a title ("billing/退款政策.md" for the login page) headed another page's text in the context as
+        # that document; a weak model's habit, no description.
+        out["title"] = ""
     for name in ("tags", "questions"):
         if name in fields:
             out[name] = tuple(t for t in fields[name] if says(t))

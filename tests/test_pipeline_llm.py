@@ -245,6 +245,27 @@ def test_an_answer_of_placeholders_is_asked_again_and_never_kept(sample_kb: Path
     assert (kept.title, kept.summary, kept.tags) == ("退款", "……到账", ("退款",))  # only the empty-saying parts go
 
 
+def test_a_root_answer_of_invented_themes_is_noted_in_bounded_lines(sample_kb: Path) -> None:
+    # 9,000 invented themes made 9,007 notes: 9,008 lines on stderr, in the report and a service's task record.
+    def inventive(call: Call) -> str:
+        obj = good_root(call)
+        obj["themes"] += [{"dir": f"ghost{i}", "title": "幽灵", "summary": "不存在"} for i in range(500)]
+        return json.dumps(obj, ensure_ascii=False)
+
+    report = kindex.reindex(sample_kb, client_options(FakeClient(root=inventive)))
+    ghosts = [n for n in report.notes if "ghost" in n]
+    assert len(ghosts) == 20 and "index.json: 480 more notes like these" in report.notes
+
+
+def test_a_title_that_is_a_path_is_no_title() -> None:
+    # "billing/退款政策.md" as the login page's title headed the login page's text in the context as the refund page.
+    from kindex.sanitize import doc_entry
+
+    with pytest.raises(kindex.AnswerError, match="no usable title"):
+        doc_entry({"title": "billing/退款政策.md", "summary": "登录问题"}, "登录问题排查.md")
+    assert doc_entry({"title": "README.md", "summary": "写法"}, "a.md").title == "README.md"  # a name, not a path
+
+
 def test_a_repair_request_that_gets_a_good_answer_is_used(sample_kb: Path) -> None:
     client = FakeClient(by_path={"离线模式.md": "not json"}, repair=well_behaved)
 
