@@ -45,6 +45,7 @@ from kindex.generators import (
     Usage,
     doc_messages,
     make_generator,
+    root_docs_apart,
     root_messages,
 )
 from kindex.jsonextract import TRUNCATED
@@ -336,15 +337,18 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
     cache = Cache(s.kb)
     calls: list[str] = []
     prompt = completion = cached = 0
+    apart = root_docs_apart(s)
     pending = [
         (
             "index.json",
             generator.root_key(s),
             root_messages(s),
-            ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs)),
+            ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs) - len(apart)),
         )
     ]
-    pending += [(d.rel, generator.doc_key(d), doc_messages(d), DOC_ANSWER_TOKENS) for d in s.documents if d.theme]
+    pending += [
+        (d.rel, generator.doc_key(d), doc_messages(d), DOC_ANSWER_TOKENS) for d in s.documents if d.theme or apart
+    ]
     for label, key, messages, answer_tokens in pending:
         if not opts.force and cache.get(key) is not None:
             cached += 1
@@ -544,7 +548,10 @@ class _Runner:
         for name, docs in s.themes.items():
             old = next((t for t in previous.themes if t.dir == name), None)
             theme_defaults[name] = old or theme_item_from(extractive.describe_theme(name, docs), name)
-        doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in s.root_docs}
+        # Many root documents (a flat folder of notes) are described one call each, beside the root answer.
+        apart = root_docs_apart(s) if not self.generator.offline else ()
+        in_answer = s.root_docs if not apart else ()
+        doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in in_answer}
         answer = None
         if s.themes or s.root_docs:  # an empty KB's root index is empty: nothing to ask a model
             answer = await self._answer(
@@ -556,7 +563,10 @@ class _Runner:
             index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
             if not answer.cached:  # a no-op run repeated the same five notes on every run
                 self.report.notes.extend(f"index.json: {n}" for n in _bounded(notes))
-            self.indexed.update(d.rel for d in s.root_docs)
+            self.indexed.update(d.rel for d in in_answer)
+        if apart:
+            items = await _all(self._doc_entry(d, previous, root=True) for d in apart)
+            index = Index(themes=index.themes, documents=(*index.documents, *items)).sorted()
         if authored:
             themes = tuple(authored.get(t.dir, t) for t in index.themes)
             index = Index(themes=themes, documents=index.documents).sorted()
@@ -598,12 +608,14 @@ class _Runner:
 
     # -- documents and themes ---------------------------------------------------------------------------------
 
-    async def _doc_entry(self, d: ScannedDoc, previous: Index) -> DocItem:
+    async def _doc_entry(self, d: ScannedDoc, previous: Index, *, root: bool = False) -> DocItem:
+        """``d``'s entry from its own call; a root document's (``root``: the root step's work, not a step of its own)
+        is conditional only if its author made it so, as the root answer's are."""
         answer = await self._answer(self.generator.doc_key(d), d.rel, lambda: self.generator.describe_doc(self.scan, d))
         item: DocItem | None = None
         if answer is not None:
             try:
-                item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths, d.excerpt)
+                item = doc_entry(answer.obj, d.path_in_theme, d.signals.paths, "" if root else d.excerpt)
             except AnswerError as exc:  # a cached answer that no longer validates: treat as a failure
                 self.report.failures.append(
                     Failure(path=d.rel, reason=f"stored answer unusable: {exc}", transient=False)
@@ -612,7 +624,8 @@ class _Runner:
             item = self._fallback_doc(d, previous)
         else:
             self.indexed.add(d.rel)
-        self._tick("doc", d.rel)
+        if not root:
+            self._tick("doc", d.rel)
         return item
 
     async def theme(self, dir_name: str, *, counted: bool = True) -> None:

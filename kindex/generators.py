@@ -60,6 +60,10 @@ _DOC_SHAPE = '{"title": "...", "summary": "...", "tags": ["..."], "questions": [
 _ROOT_SHAPE = '{"themes": [{"dir", "title", "summary", "tags"}], "documents": [{"path", "title", "summary", "tags"}]}'
 ROOT_EXCERPT_CHARS = 400
 ROOT_TITLES_PER_THEME = 20
+ROOT_DOCS_IN_ONE_ANSWER = 12
+"""Root documents the root answer describes itself. A KB with more (a flat folder of notes) has each described by a
+call of its own, as a theme's documents are: one answer of 200 entries outran the model's output limit (4,096 tokens
+for a model litellm does not know), and 172 of 200 documents got extractive entries on every run."""
 ROOT_TOKENS_PER_ENTRY = 300
 """The most one root entry of the prompt's bounds costs (a 30-character title, a 150-character summary and 8 tags:
 about 250 characters, at the 1.2 tokens of a Chinese character), its dir or path aside."""
@@ -292,16 +296,27 @@ def doc_messages(doc: ScannedDoc) -> list[Message]:
     ]
 
 
+def root_docs_apart(scan: Scan) -> tuple[ScannedDoc, ...]:
+    """The root documents described by calls of their own (:data:`ROOT_DOCS_IN_ONE_ANSWER`), not by the root answer."""
+    return scan.root_docs if len(scan.root_docs) > ROOT_DOCS_IN_ONE_ANSWER else ()
+
+
+def _root_answer_docs(scan: Scan) -> tuple[ScannedDoc, ...]:
+    return () if root_docs_apart(scan) else scan.root_docs
+
+
 def root_answer_tokens(scan: Scan) -> int:
-    """Tokens the root answer may need: one bounded entry per theme and per top document, and the braces."""
-    names = [*scan.themes, *(d.path_in_theme for d in scan.root_docs)]
+    """Tokens the root answer may need: one bounded entry per theme and per top document it describes, and the
+    braces."""
+    names = [*scan.themes, *(d.path_in_theme for d in _root_answer_docs(scan))]
     return 50 + sum(ROOT_TOKENS_PER_ENTRY + estimate_tokens(name) for name in names)
 
 
 def root_messages(scan: Scan) -> list[Message]:
     """The chat messages asking for the root index: root excerpts and the closed lists of paths and dirs."""
     docs = [
-        {"path": d.path_in_theme, "excerpt": " ".join(d.excerpt[:ROOT_EXCERPT_CHARS].split())} for d in scan.root_docs
+        {"path": d.path_in_theme, "excerpt": " ".join(d.excerpt[:ROOT_EXCERPT_CHARS].split())}
+        for d in _root_answer_docs(scan)
     ]
     return [
         {"role": "system", "content": templating.render("root_system.j2")},

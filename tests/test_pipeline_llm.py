@@ -452,6 +452,32 @@ def _many_themes(root: Path, count: int) -> Path:
     return root
 
 
+@pytest.mark.parametrize("count", [12, 30])
+def test_a_flat_folder_of_many_notes_gets_one_call_per_document(tmp_path: Path, count: int) -> None:
+    # 200 notes directly under the KB: one root answer of 200 entries stopped at the model's output limit, and 172
+    # got extractive entries on every run. Past 12, each root document has a call of its own.
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    for i in range(count):
+        (kb / f"note{i:02d}.md").write_text(f"# 笔记 {i}\n\n第 {i} 条笔记的内容。\n", encoding="utf-8")
+    client = FakeClient()
+    options = client_options(client)
+    assert kindex.dry_run(kb, options).calls == (1 if count <= 12 else 1 + count)
+
+    report = kindex.reindex(kb, options)
+
+    assert report.ok and report.progress.completed == report.progress.total == 1
+    assert len(client.doc_calls()) == (0 if count <= 12 else count)
+    [root_call] = [c for c in client.calls if c.kind == "root"]
+    assert ("note00.md" in root_call.user) is (count <= 12)  # the root answer no longer lists them
+    titles = {d["path"]: d["title"] for d in load(kb / "index.json")["documents"]}
+    expected = "根 {}" if count <= 12 else "标题 {}"  # the fake's root entries, or its document entries
+    assert titles == {p: expected.format(p) for p in titles} and len(titles) == count  # every one the model's
+    assert kindex.validate(kb) == []
+    again = kindex.reindex(kb, options)
+    assert again.calls == 0 and again.cache_hits == (1 if count <= 12 else 1 + count)
+
+
 def test_the_root_answer_may_be_as_long_as_its_entries_need(tmp_path: Path, fake_llm: FakeLLM) -> None:
     from tests.conftest import llm_settings
 
