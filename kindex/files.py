@@ -5,6 +5,7 @@ in it or replace it mid-run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -12,19 +13,25 @@ from pathlib import Path
 
 from kindex.errors import InvalidFileError
 
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None  # type: ignore[assignment]
+
 MAX_FOLDER_DEPTH = 32
 """Folders nested deeper below the KB are not scanned (said in ``skipped``): no documentation tree is that deep,
 and a generated or hostile one (1,000 levels) must not exhaust the walk."""
 
 
-def read_regular(path: Path, limit: int, *, inside: Path | None = None) -> bytes:
+def read_regular(path: Path, limit: int, *, inside: Path | None = None, exactly: str | None = None) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit + 1`` of them (the caller tells too large).
 
     A special file is never opened, and one swapped in between the look and the open is not read. With ``inside``
-    (a resolved folder), the file opened must be one that folder holds: checked on the open file, so a symlink
-    swapped in after the caller looked (to another tenant's file, to /etc/passwd) is not read. Raises
-    :class:`InvalidFileError` for a folder or a special file (a FIFO would block, ``/dev/zero`` never ends), more
-    than ``limit`` bytes or a file outside ``inside``, ``OSError`` when it cannot be read.
+    (a resolved folder), the file opened must be one that folder holds; with ``exactly`` (a resolved path), it must
+    be that very file, reached through no link. Both are checked on the open file, where the kernel found it, so a
+    link swapped in after the caller looked (to another tenant's file, to /etc/passwd), for the file or for a folder
+    on its way, is not read. Raises :class:`InvalidFileError` for a folder or a special file (a FIFO would block,
+    ``/dev/zero`` never ends), more than ``limit`` bytes or a file elsewhere, ``OSError`` when it cannot be read.
     """
     # Looked at before it is opened (opening a device can act: /dev/ptmx makes a terminal, a tape rewinds), and
     # again once open, without waiting for a FIFO's writer: what is read is what was checked.
@@ -37,16 +44,35 @@ def read_regular(path: Path, limit: int, *, inside: Path | None = None) -> bytes
             raise InvalidFileError(f"{path.name} is not a regular file")
         if st.st_size > limit:
             raise InvalidFileError(f"{path.name} is larger than {limit // 2**20} MiB")
-        if inside is not None:
-            # Where the name leads now, and whether that is the file open: a swap after the open shows as another
-            # file (or one outside), so nothing outside is ever returned, whatever the timing.
-            real = os.path.realpath(path)
-            if not Path(real).is_relative_to(inside) or identity(real) != (st.st_dev, st.st_ino):
+        if inside is not None or exactly is not None:
+            where = _opened_path(fd, path, st)
+            if (exactly is not None and where != exactly) or (inside is not None and not _holds(inside, where)):
                 raise InvalidFileError(f"{path.name} leads outside the knowledge folder: not read")
         with open(fd, "rb", closefd=False) as fh:
             return fh.read(limit + 1)
     finally:
         os.close(fd)
+
+
+def _holds(folder: Path, where: str | None) -> bool:
+    return where is not None and Path(where).is_relative_to(folder)
+
+
+def _opened_path(fd: int, path: Path, st: os.stat_result) -> str | None:
+    """Where the file open on ``fd`` is, as the kernel resolved the open (Linux's /proc, macOS's F_GETPATH): no
+    later look at the name can be raced. Elsewhere, where the name leads now if that is the file open (a swap
+    between the open and this look shows as another file), else ``None``."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
+    getpath = getattr(fcntl, "F_GETPATH", None)  # macOS names the path of a descriptor
+    if getpath is not None:
+        with contextlib.suppress(OSError):
+            raw = fcntl.fcntl(fd, getpath, bytes(1024))
+            return os.fsdecode(raw.split(b"\0", 1)[0])
+    real = os.path.realpath(path)
+    return real if identity(real) == (st.st_dev, st.st_ino) else None
 
 
 def walk(

@@ -633,7 +633,7 @@ class _Runner:
         if counted:
             self.report.total = len(docs)
         path = theme_index_path(self.scan.kb, dir_name)
-        previous = read_index(path) or Index()
+        previous = read_index(path, self.scan.kb) or Index()
         items = await _all(self._doc_entry(d, previous) for d in docs)
         self._write(path, theme_index(items))
         self._settle(lambda label: label.startswith(f"{dir_name}/"))
@@ -642,7 +642,7 @@ class _Runner:
         d = self.scan.theme_doc(dir_name, rel_path)
         self.report.total = 1
         path = theme_index_path(self.scan.kb, dir_name)
-        held = read_index(path)
+        held = read_index(path, self.scan.kb)
         others = {x.path_in_theme for x in self.scan.theme_docs(dir_name)} - {d.path_in_theme}
         if not clear_dir and others and (held is None or not held.documents):
             # Merging into a missing or unreadable theme index, or one with no usable entry (``{}``), would write
@@ -656,7 +656,7 @@ class _Runner:
         previous = Index() if clear_dir else (held or Index())
         item = await self._doc_entry(d, previous)
         # Re-read just before writing: the lock makes this the only writer, and the merge keeps every other entry.
-        current = Index() if clear_dir else (read_index(path) or Index())
+        current = Index() if clear_dir else (read_index(path, self.scan.kb) or Index())
         scanned = {x.path_in_theme for x in self.scan.theme_docs(dir_name)}
         kept = [x for x in current.documents if x.path in scanned and x.path != item.path]
         self._write(path, theme_index([*kept, item]))

@@ -213,20 +213,38 @@ class _UnknownArguments:
         return await call_next(ctx)
 
 
+_AGENT_RESOURCE = "kindex://agents/"
+
+
+def _agent_of(method: str, params: Any) -> str | None:
+    """The agent a tool call or a resource read is for ("" for a server of one KB), ``None`` for other requests."""
+    if not isinstance(params, dict):
+        return None
+    if method == "tools/call":
+        arguments = params.get("arguments")
+        agent = arguments.get("agent", "") if isinstance(arguments, dict) else None
+        return agent if isinstance(agent, str) else None
+    if method == "resources/read":
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            return None
+        return uri[len(_AGENT_RESOURCE) :].split("/", 1)[0] if uri.startswith(_AGENT_RESOURCE) else ""
+    return None
+
+
 class _AgentTurns:
-    """At most :data:`kindex.kb.CALLS_PER_AGENT` tool calls of one agent computing at once; more wait on the event
-    loop, holding no worker thread (the SDK runs each tool on one of a shared pool's). 48 long searches of one agent
-    put another's 6 ms search at 1.3 s; the HTTP service's routes wait the same way."""
+    """At most :data:`kindex.kb.CALLS_PER_AGENT` tool calls and resource reads of one agent computing at once; more
+    wait on the event loop, holding no worker thread (the SDK runs each tool on one of a shared pool's). 48 long
+    searches of one agent put another's 6 ms search at 1.3 s, 48 reads of its 25 MB index 55 s; the HTTP service's
+    routes wait the same way."""
 
     def __init__(self, library: Library) -> None:
         self.library = library
         self.gates: dict[str, AgentGate] = {}
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-        params = ctx.params
-        arguments = params.get("arguments") if ctx.method == "tools/call" and isinstance(params, dict) else None
-        agent = arguments.get("agent", "") if isinstance(arguments, dict) else None
-        if not isinstance(agent, str) or not self.library.serves(agent):
+        agent = _agent_of(ctx.method, ctx.params)
+        if agent is None or not self.library.serves(agent):
             return await call_next(ctx)  # refused by the tool itself, at once
         gate = self.gates.get(agent)
         if gate is None or gate.loop is not asyncio.get_running_loop():
@@ -440,7 +458,7 @@ def _index_json(kb: KnowledgeBase, dir_name: str | None) -> str:
             path = listed_theme_index(kb.path, root, dir_name)
         except NotAThemeError:
             raise ResourceMissing(f"not_a_theme: {dir_name!r} is not a topic of this KB") from None
-        theme, _ = read_index_file(path)
+        theme, _ = read_index_file(path, kb.path)
         return theme.to_json().decode()
     except (OSError, InvalidFileError, IndexMissingError):
         raise ResourceMissing("index_missing: this KB has no index yet: run `kindex reindex` on it") from None

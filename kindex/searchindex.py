@@ -454,7 +454,7 @@ def still_current(kb: Path, index: SearchIndex) -> SearchIndex | None:
     sizes = [size for _, _, size in now]
     if sizes != [size for _, _, size in index.signature] or -1 in sizes:
         return None
-    digests = tuple(index_digest(kb / rel) for rel, _, _ in now)
+    digests = tuple(index_digest(kb / rel, kb) for rel, _, _ in now)
     return replace(index, signature=now) if digests == index.digests and "" not in digests else None
 
 
@@ -695,7 +695,7 @@ def read_entries(kb: Path) -> Entries:
         signature.append(_file_signature(kb, f"{t.dir}/{INDEX_FILE}"))
         digests.append("")
         try:
-            sub, sub_problems, digests[-1] = read_index_digest(kb / t.dir / INDEX_FILE)
+            sub, sub_problems, digests[-1] = read_index_digest(kb / t.dir / INDEX_FILE, kb)
         except (OSError, InvalidFileError, IndexMissingError) as exc:
             # The reason without the absolute path an OSError carries: this reaches an HTTP service's tenants.
             why = "missing" if isinstance(exc, FileNotFoundError) else getattr(exc, "strerror", None) or str(exc)

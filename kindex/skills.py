@@ -46,7 +46,7 @@ from kindex.skillmodel import (
     package_files,
     read_skill,
 )
-from kindex.store import STATE_DIR, atomic_write, index_bytes, state_folder
+from kindex.store import atomic_write, index_bytes, state_folder
 
 MANIFEST = ".sync-manifest.json"
 DEFAULT_MAX_ZIP_BYTES = 50 * 1024 * 1024
@@ -265,9 +265,8 @@ def import_skill(
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile:
         raise SkillError("archive: not a ZIP file") from None
-    with archive, write_lock(root, "skills import", wait=opts.wait):
+    with archive, write_lock(root, "skills import", wait=opts.wait), state_folder(root, "import") as work:
         members, _ = _zip_members(archive, max_bytes, max_files)
-        work = state_folder(root, "import")
         _clear_debris(work)
         # Not mkdtemp: its 0700 stayed with the installed folder, which other users (a chat backend) could not
         # read; mkdir gives what the umask allows, as every other folder of the library has.
@@ -324,18 +323,10 @@ def _read_staged(staging: Path, problems: list[Problem]) -> Skill | None:
 
 
 def _clear_debris(work: Path) -> None:
-    """Remove what imports killed before their clean-up left in ``work`` (the lock: none runs now), through the
-    folder opened without following a link, so a link swapped in for it cannot turn this into another's folder."""
-    try:
-        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise StorageError(f"{STATE_DIR}/{work.name} cannot be opened: {exc.strerror or exc}") from None
-    try:
-        for entry in os.listdir(fd):
-            if entry.startswith("skill-"):
-                shutil.rmtree(entry, dir_fd=fd, ignore_errors=True)
-    finally:
-        os.close(fd)
+    """Remove what imports killed before their clean-up left in ``work`` (the lock: none runs now)."""
+    for entry in os.listdir(work):
+        if entry.startswith("skill-"):
+            shutil.rmtree(work / entry, ignore_errors=True)
 
 
 def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> RunReport:
@@ -348,24 +339,27 @@ def _install(root: Path, staging: Path, name: str, opts: generate.Options) -> Ru
     except (OSError, InvalidFileError, IndexMissingError) as exc:
         message = exc.message if isinstance(exc, KindexError) else exc.strerror or str(exc)
         raise SkillError(f"the library's {INDEX_FILE} cannot be kept ({message}): remove it and import again") from None
-    had_old = target.exists()
-    if had_old:
-        backup_dir = state_folder(root, "backup") / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
-        os.replace(target, backup_dir)
-    try:
-        os.replace(staging, target)
-        return _reindex_skill(root, name, opts)
-    except BaseException as exc:
-        shutil.rmtree(target, ignore_errors=True)
+    with state_folder(root, "backup") as backups:
+        backup_dir = backups / f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+        had_old = target.exists()
         if had_old:
-            os.replace(backup_dir, target)  # its own index.json comes back with it
-        if saved_root_index is not None:
-            atomic_write(root / INDEX_FILE, saved_root_index)
-        elif (root / INDEX_FILE).exists():
-            (root / INDEX_FILE).unlink()
-        if isinstance(exc, KindexError):
-            raise SkillError(f"installing {name!r} failed and the previous state was restored: {exc.message}") from exc
-        raise
+            os.replace(target, backup_dir)
+        try:
+            os.replace(staging, target)
+            return _reindex_skill(root, name, opts)
+        except BaseException as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            if had_old:
+                os.replace(backup_dir, target)  # its own index.json comes back with it
+            if saved_root_index is not None:
+                atomic_write(root / INDEX_FILE, saved_root_index)
+            elif (root / INDEX_FILE).exists():
+                (root / INDEX_FILE).unlink()
+            if isinstance(exc, KindexError):
+                raise SkillError(
+                    f"installing {name!r} failed and the previous state was restored: {exc.message}"
+                ) from exc
+            raise
     # The replaced package stays in the backup folder (.kindex/backup/): a replace can be undone by hand.
 
 
@@ -424,8 +418,8 @@ def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Option
     if not NAME.fullmatch(name) or not holds_skill(folder):
         raise SkillError(f"no skill named {name!r} in {kb}")
     opts = options or generate.Options()
-    with write_lock(root, "skills delete", wait=opts.wait):
-        trash = state_folder(root, "trash") / f"{name}-{os.getpid()}"
+    with write_lock(root, "skills delete", wait=opts.wait), state_folder(root, "trash") as bin_:
+        trash = bin_ / f"{name}-{os.getpid()}"
         os.replace(folder, trash)  # atomic: the skill is gone at once for readers
         generate.root(root, opts)
         shutil.rmtree(trash, ignore_errors=True)

@@ -2,17 +2,22 @@
 
 Index files are always replaced atomically (SPEC §3): a reader sees the old file or the new one. The answer cache
 is :mod:`kindex.cache`.
+
+Long because the one reader of index files comes with what every reader needs of it (telling kindex's files from a
+user's, the KB above a theme, the theme rule of the services) and the state kept beside them (stand-ins, work
+folders held open).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,19 +109,22 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 """An index file larger than this is no index kindex wrote (a 100,000-document theme is ~30 MB)."""
 
 
-def index_bytes(path: Path) -> bytes:
+def index_bytes(path: Path, kb: Path | None = None) -> bytes:
     """An index file's bytes, refusing what is not a regular file (a FIFO would block) or is absurdly large.
 
+    The file is read only where it is, through no link: at ``path`` in its folder, and with ``kb`` (the KB that holds
+    ``path``) through no link below ``kb`` either, which a theme's index needs (a theme folder swapped for a link to
+    another agent's served that agent's titles and summaries, the first paragraphs of its documents).
+
     Raises ``FileNotFoundError`` (or ``NotADirectoryError``) when there is none, :class:`IndexMissingError` for a
-    folder in its place, :class:`InvalidFileError` for a special file or an absurd size, another ``OSError``
-    when it cannot be read.
+    folder in its place, :class:`InvalidFileError` for a special file, an absurd size or a file reached through a
+    link, another ``OSError`` when it cannot be read.
     """
     if path.is_dir():
         raise IndexMissingError(f"{path.name} is a folder, not an index: remove it")
-    # Read only from its own folder: an index.json linked to another agent's index served its titles and summaries
-    # (the first paragraphs of the documents) as this KB's. A theme folder that is itself a link is the callers'
-    # to refuse.
-    return read_regular(path, MAX_INDEX_BYTES, inside=Path(os.path.realpath(path.parent)))
+    base = kb if kb is not None else path.parent
+    exactly = os.path.join(os.path.realpath(base), path.relative_to(base))
+    return read_regular(path, MAX_INDEX_BYTES, exactly=exactly)
 
 
 _OWN_START = re.compile(rb'\{\s*"version"\s*:\s*1\b')
@@ -170,27 +178,28 @@ def refuse_foreign(path: Path, label: str) -> None:
     )
 
 
-def read_index_file(path: Path) -> tuple[Index, list[str]]:
-    """The one reader of index files: the index at ``path`` (read leniently) and what in it made no sense.
+def read_index_file(path: Path, kb: Path | None = None) -> tuple[Index, list[str]]:
+    """The one reader of index files: the index at ``path`` (read leniently) and what in it made no sense. ``kb``:
+    the KB holding ``path``, for a theme's index (:func:`index_bytes`).
 
     Raises ``OSError`` as :func:`index_bytes` does, and :class:`InvalidFileError` when the file holds no JSON
     object; each caller decides what that means for it (start afresh, report it, answer 409).
     """
-    index, problems, _ = read_index_digest(path)
+    index, problems, _ = read_index_digest(path, kb)
     return index, problems
 
 
-def read_index_digest(path: Path) -> tuple[Index, list[str], str]:
+def read_index_digest(path: Path, kb: Path | None = None) -> tuple[Index, list[str], str]:
     """:func:`read_index_file`, and the digest of the bytes read (:func:`index_digest` of the same bytes)."""
-    data = index_bytes(path)
+    data = index_bytes(path, kb)
     return (*parse_index(data), _digest(data))
 
 
-def index_digest(path: Path) -> str:
+def index_digest(path: Path, kb: Path | None = None) -> str:
     """A digest of the index file's bytes: what search tables built from it were built from, however its times
     changed since (a copy, a checkout, a restore); empty when it cannot be read."""
     try:
-        return _digest(index_bytes(path))
+        return _digest(index_bytes(path, kb))
     except (OSError, KindexError):
         return ""
 
@@ -228,23 +237,34 @@ def refuse_knowledge_folders(kb: Path, themes: Iterable[str]) -> None:
         )
 
 
-def state_folder(kb: Path, name: str) -> Path:
-    """``KB/.kindex/<name>``, made when missing; :class:`StorageError` when something else is there: a symbolic
-    link there led a skill import's clean-up, its backups and the trash into another agent's folder (deleting
-    folders there, planting a package in it). Callers hold the KB's write lock, which refuses a linked ``.kindex``."""
-    folder = kb / STATE_DIR / name
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(parents=True)
+@contextlib.contextmanager
+def state_folder(kb: Path, name: str) -> Iterator[Path]:
+    """``KB/.kindex/<name>``, made when missing and held open while the caller works in it: the path given leads to
+    the folder opened (through ``/proc/self/fd`` where there is one), so a link swapped in for it, or for
+    ``.kindex``, meanwhile leads nowhere else. :class:`StorageError` when something else is there: a link there led a
+    skill import's clean-up and unpacking, its backups and the trash into another agent's folder (deleting folders
+    there, planting a package in it)."""
+    nofollow = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
-        st = os.lstat(folder)
+        state = os.open(kb / STATE_DIR, nofollow)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, dir_fd=state)
+            fd = os.open(name, nofollow, dir_fd=state)
+        finally:
+            os.close(state)
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StorageError(
+                f"{STATE_DIR}/{name} in the knowledge folder is not a folder (a symbolic link or a file): kindex keeps "
+                "its own work there; remove it and run again"
+            ) from None
         raise StorageError(f"{STATE_DIR}/{name} cannot be made: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode):  # lstat: a link to a folder is a link
-        raise StorageError(
-            f"{STATE_DIR}/{name} in the knowledge folder is not a folder (a symbolic link or a file): kindex keeps its "
-            "own work there; remove it and run again"
-        )
-    return folder
+    try:
+        held = Path(f"/proc/self/fd/{fd}")
+        yield held if held.is_dir() else kb / STATE_DIR / name  # elsewhere, the name (checked, not held)
+    finally:
+        os.close(fd)
 
 
 def listed_theme_index(kb: Path, root: Index, dir_name: str) -> Path:
@@ -306,10 +326,10 @@ def refuse_theme_folder(kb: Path, *, reading: bool = False) -> None:
         )
 
 
-def read_index(path: Path) -> Index | None:
+def read_index(path: Path, kb: Path | None = None) -> Index | None:
     """The index at ``path``, or ``None`` when there is none or it cannot be read as an index."""
     try:
-        index, _ = read_index_file(path)
+        index, _ = read_index_file(path, kb)
     except (OSError, InvalidFileError, IndexMissingError):
         return None
     return index

@@ -950,6 +950,66 @@ def test_a_document_swapped_for_a_link_during_the_scan_is_not_indexed(
     assert any(s.path == "billing/退款政策.md" and "outside" in s.reason for s in report.skipped)
 
 
+def test_a_link_toggled_while_a_document_is_opened_is_not_followed_out(
+    indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The read checked the file it opened by looking the name up again (realpath, stat): a tenant toggling the name
+    # between a link and a file won that race (7,221 of 200,000 reads; /etc/passwd in HTTP and MCP answers).
+    secret, doc = _outside_secret(tmp_path), indexed / "billing" / "退款政策.md"
+    own = tmp_path / "own.md"
+    shutil.copy(doc, own)
+    real_open, real_realpath = os.open, os.path.realpath
+
+    def opening(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) != str(doc):
+            return real_open(path, *args, **kwargs)
+        _swap_for_link(doc, secret)  # the open goes through a link...
+        fd = real_open(path, *args, **kwargs)
+        shutil.copy(own, doc.with_name("own.tmp"))
+        os.replace(doc.with_name("own.tmp"), doc)  # ...and the name is a file of the KB again for the look after
+        return fd
+
+    def resolving(path: Any, *args: Any, **kwargs: Any) -> str:
+        out: str = real_realpath(path, *args, **kwargs)
+        if os.fspath(path) == str(doc) and not os.path.islink(doc):
+            _swap_for_link(doc, secret)  # ...and a link once more for the stat that compares
+        return out
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os.path, "realpath", resolving)
+    assert "hunter2" not in (SCAN.document_text(indexed, "billing/退款政策.md") or "")
+
+
+def test_a_theme_index_reached_through_a_linked_folder_is_not_read(indexed: Path, tmp_path: Path) -> None:
+    # The theme folder was checked (not a link), then swapped for a link to another agent's theme: its index was
+    # read from wherever the folder now led (25 of 800 GET /index answers held another agent's titles).
+    bob = tmp_path / "bob"
+    shutil.copytree(indexed / "billing", bob)
+    (indexed / "billing").rename(indexed / "billing.real")
+    (indexed / "billing").symlink_to(bob, target_is_directory=True)
+    from kindex.store import read_index_file
+
+    with pytest.raises(kindex.InvalidFileError, match="leads outside the knowledge folder"):
+        read_index_file(indexed / "billing" / "index.json", indexed)
+
+
+def test_kindexs_work_folder_stays_the_one_opened_when_a_link_is_swapped_in(sample_kb: Path, tmp_path: Path) -> None:
+    # The folder was checked, then used by name: swapped for a link to another agent's folder meanwhile, 63 of 600
+    # skill imports unpacked their package there, which that agent's next reindex served.
+    from kindex.store import state_folder
+
+    bob = tmp_path / "bob"
+    bob.mkdir()
+    (sample_kb / ".kindex").mkdir()
+    with state_folder(sample_kb, "import") as work:
+        (sample_kb / ".kindex" / "import").rename(sample_kb / ".kindex" / "import.real")
+        (sample_kb / ".kindex" / "import").symlink_to(bob, target_is_directory=True)
+        (work / "skill-x").mkdir()
+        (work / "skill-x" / "SKILL.md").write_text("planted", encoding="utf-8")
+    assert list(bob.iterdir()) == []
+    assert (sample_kb / ".kindex" / "import.real" / "skill-x" / "SKILL.md").exists()
+
+
 def test_an_index_file_linked_to_another_kbs_is_not_read(indexed: Path, tmp_path: Path) -> None:
     # alice's index.json a link to bob's: search listed bob's titles and summaries (first paragraphs) as alice's.
     bob = tmp_path / "bob"

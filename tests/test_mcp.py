@@ -332,11 +332,18 @@ def test_one_agents_tool_calls_wait_their_turn_and_other_agents_are_served(
                 break
             await asyncio.sleep(0)
         assert turns.gates["kb"].waiting == 1 and not second.done()
+        read = SimpleNamespace(method="resources/read", params={"uri": "kindex://agents/kb/index.json"})
+        third = asyncio.create_task(turns(read, answered))  # a resource read (a 25 MB index) waits its turn too
+        for _ in range(1000):
+            if turns.gates["kb"].waiting == 2:
+                break
+            await asyncio.sleep(0)
+        assert turns.gates["kb"].waiting == 2 and not third.done()
         assert await turns(call("skills"), answered) == "answered"  # another agent meanwhile
         assert await turns(call("../kb"), answered) == "answered"  # no gate for a name that is no agent's folder
         assert set(turns.gates) == {"kb", "skills"}
         release.set()
-        assert (await first, await second) == ("first", "answered")
+        assert (await first, await second, await third) == ("first", "answered", "answered")
 
     asyncio.run(scenario())
 

@@ -173,7 +173,7 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
         return root
     path = listed_theme_index(kb, root, dir_name)
     try:
-        sub, _ = read_index_file(path)
+        sub, _ = read_index_file(path, kb)
     except (OSError, InvalidFileError, IndexMissingError):
         raise IndexMissingError(f"theme {dir_name!r} has no index yet: POST …/knowledge/reindex/sub") from None
     return sub
