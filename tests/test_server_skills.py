@@ -68,6 +68,29 @@ def test_hostile_packages_and_oversized_uploads_are_refused(app: FastAPI) -> Non
     assert r.status_code == 413  # the larger upload limit is for skill packages only
 
 
+def test_an_upload_is_parsed_off_the_event_loop(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FastAPI parsed the multipart form on the event loop before the route ran: 24 uploads of 20 MiB put another
+    # agent's context call at 2.3 s.
+    import threading
+
+    import kindex.server.routes as routes
+
+    threads: list[str] = []
+    real = routes._uploaded
+
+    def recording(content_type: str, body: bytes) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real(content_type, body)
+
+    monkeypatch.setattr(routes, "_uploaded", recording)
+    package = make_zip({"csv-tools/SKILL.md": skill_md("csv-tools", "Clean and convert CSV files.")})
+    r = call(app, "POST", f"{BASE}/import", files={"file": ("csv.zip", package, "application/zip")})
+    assert r.status_code == 200 and r.json()["name"] == "csv-tools"
+    assert threads and threads[0] != threading.main_thread().name
+    missing = call(app, "POST", f"{BASE}/import", files={"other": ("csv.zip", package, "application/zip")})
+    assert missing.status_code == 422 and "multipart form field `file`" in missing.json()["error"]["message"]
+
+
 def test_a_malformed_sync_manifest_is_a_422_not_a_500(app: FastAPI) -> None:
     for manifest in ({"skills": 5}, {"skills": [{"name": ["x"], "version": "1"}]}):
         r = call(app, "POST", f"{BASE}/sync", json={"manifest": manifest})

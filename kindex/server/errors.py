@@ -34,6 +34,10 @@ from kindex.server import schemas
 from kindex.server.logs import log_access
 
 MAX_BODY_BYTES = 256 * 1024
+UNREADABLE_BODY = (
+    "the body could not be read: send a JSON object in UTF-8 (or, to upload a skill, a multipart form with its ZIP "
+    "as `file`)"
+)
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # skill ZIP uploads; what they unpack to is limited separately
 log = logging.getLogger("kindex.server")
 
@@ -185,12 +189,7 @@ def install_handlers(app: FastAPI, guard: Callable[[Request], None]) -> None:
         elif exc.status_code == 400:
             # FastAPI's own words for a body it could not decode: JSON not in UTF-8, or a form that does not parse.
             # invalid_request is 422 everywhere else; a client must not need a second status for it.
-            return error_response(
-                UsageError(
-                    "the body could not be read: send a JSON object in UTF-8 (or, to upload a skill, a multipart "
-                    "form with its ZIP as `file`)"
-                )
-            )
+            return error_response(UsageError(UNREADABLE_BODY))
         else:
             err = UsageError(str(exc.detail))
         return JSONResponse({"error": error_fields(err)}, status_code=exc.status_code, headers=headers)

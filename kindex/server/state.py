@@ -200,7 +200,11 @@ async def strict_request(request: Request) -> None:
     twice = sorted(k for k in known if len(request.query_params.getlist(k)) > 1)
     if twice:  # ?wait=true&wait=false: the last one would win, unseen
         raise UsageError(f"query parameter {twice[0]!r} is given more than once: give it once")
-    if getattr(route, "body_field", None) is None and not _empty(await request.body()):
+    # A route that reads its body itself (the skill upload, parsed off the event loop) declares it for OpenAPI.
+    reads_body = getattr(route, "body_field", None) is not None or "requestBody" in (
+        getattr(route, "openapi_extra", None) or {}
+    )
+    if not reads_body and not _empty(await request.body()):
         options = f" (its options are query parameters: {', '.join(sorted(known))})" if known else ""
         raise UsageError(f"this route takes no body{options}")
 
