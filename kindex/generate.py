@@ -159,10 +159,11 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
     s = scan(kb, excerpt_chars=opts.excerpt_chars)
     refuse_theme_folder(s.kb)  # what it previews would break the KB above
     refuse_knowledge_folders(s.kb, s.themes)  # or the KBs below
-    prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None)
+    apart = root_docs_apart(s)  # root documents with calls of their own: in the estimate, not in the steps
+    prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None or apart)
     prompt += _tokens_of(root_messages(s))
-    completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs))
-    completion += ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs))
+    completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs) + len(apart))
+    completion += ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs) - len(apart))
     steps = 1 + sum(len(d) for d in s.themes.values())
     return Preview(
         kb=str(s.kb),
@@ -174,7 +175,7 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
         model=opts.llm.model,
         skipped=s.skipped,
         warnings=s.warnings,
-        estimated_tokens=TokenEstimate(prompt=prompt, completion=completion, calls=steps),
+        estimated_tokens=TokenEstimate(prompt=prompt, completion=completion, calls=steps + len(apart)),
     )
 
 

@@ -304,8 +304,11 @@ class KnowledgeBase:
         return is_skill_library(self.path)
 
     def find_skills(self, query: str, *, limit: int = 10, levels: Iterable[int] | None = None) -> list[SkillHit]:
-        """One best hit per skill for ``query``, best first (see :func:`kindex.skills.find_skills`)."""
+        """One best hit per skill for ``query``, best first (see :func:`kindex.skills.find_skills`);
+        :class:`NotFoundError` for a KB that is no skill library (`kindex find` said "no skill matches" of it)."""
         known, _ = self._skills.load()
+        if not known and not self.is_skill_library:
+            raise NotFoundError("this knowledge folder is not a skill library (no folder holds a SKILL.md)")
         return skills.find_skills(self.retriever, known, query, limit=limit, levels=levels)
 
     def skill(self, name: str) -> Skill:

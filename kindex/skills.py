@@ -27,7 +27,15 @@ from typing import Any
 import orjson
 
 from kindex import generate
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError, SkillError, StorageError, UsageError
+from kindex.errors import (
+    IndexMissingError,
+    InvalidFileError,
+    KindexError,
+    NotFoundError,
+    SkillError,
+    StorageError,
+    UsageError,
+)
 from kindex.files import read_regular
 from kindex.lock import write_lock
 from kindex.records import INDEX_FILE
@@ -374,7 +382,7 @@ def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[s
     _check_name(name)
     folder = Path(kb).resolve() / name
     if not NAME.fullmatch(name) or not holds_skill(folder):
-        raise SkillError(f"no skill named {name!r} in {kb}")
+        raise NotFoundError(f"no skill named {name!r} in {kb}")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
         for rel, path in package_files(folder):
@@ -416,7 +424,7 @@ def delete_skill(kb: str | os.PathLike[str], name: str, options: generate.Option
     root = Path(kb).resolve()
     folder = root / name
     if not NAME.fullmatch(name) or not holds_skill(folder):
-        raise SkillError(f"no skill named {name!r} in {kb}")
+        raise NotFoundError(f"no skill named {name!r} in {kb}")
     opts = options or generate.Options()
     with write_lock(root, "skills delete", wait=opts.wait), state_folder(root, "trash") as bin_:
         trash = bin_ / f"{name}-{os.getpid()}"
@@ -469,7 +477,7 @@ def sync_skills(
     skills, _ = load_skills(src)  # a skill breaking the rules is not synced; `kindex skills validate` says why
     unknown = [n for n in only if n not in skills]
     if unknown:
-        raise SkillError(f"no skill named {', '.join(map(repr, unknown))} in {src}")
+        raise NotFoundError(f"no skill named {', '.join(map(repr, unknown))} in {src}")
     selected = sorted(only) if only else sorted(skills)
     src_root = Path(src).resolve()
     dest_root = Path(dest).resolve() if dest is not None else None

@@ -463,6 +463,7 @@ def test_a_flat_folder_of_many_notes_gets_one_call_per_document(tmp_path: Path, 
     client = FakeClient()
     options = client_options(client)
     assert kindex.dry_run(kb, options).calls == (1 if count <= 12 else 1 + count)
+    assert kindex.preview(kb, options).estimated_tokens.calls == kindex.dry_run(kb, options).calls  # it said 1
 
     report = kindex.reindex(kb, options)
 

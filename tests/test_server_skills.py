@@ -47,7 +47,9 @@ def test_find_import_export_delete_and_sync(app: FastAPI) -> None:
     assert zipfile.ZipFile(io.BytesIO(exported.content)).namelist() == ["csv-tools/SKILL.md"]
 
     assert call(app, "DELETE", f"{BASE}/csv-tools-v2").status_code == 204
-    assert call(app, "GET", f"{BASE}/csv-tools-v2/export").json()["error"]["code"] == "invalid_skill"
+    gone = call(app, "GET", f"{BASE}/csv-tools-v2/export")  # a skill that is not there: 404, not "broken"
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    assert call(app, "DELETE", f"{BASE}/csv-tools-v2").status_code == 404
 
     sync = call(app, "POST", f"{BASE}/sync", json={"only": ["pdf-tools"]})
     names = zipfile.ZipFile(io.BytesIO(sync.content)).namelist()

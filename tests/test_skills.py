@@ -488,7 +488,7 @@ def test_a_symlinked_skill_folder_is_neither_exported_nor_synced(library: Path, 
     write(outside / "secret.md", "# secret\n\ntop secret\n")
     (library / "outside-skill").symlink_to(outside, target_is_directory=True)
 
-    with pytest.raises(kindex.SkillError, match="no skill named 'outside-skill'"):
+    with pytest.raises(kindex.NotFoundError, match="no skill named 'outside-skill'"):
         skills.export_skill(library, "outside-skill")
     result = skills.sync_skills(library, tmp_path / "workspace")
     assert not (tmp_path / "workspace" / "outside-skill").exists()
@@ -504,9 +504,22 @@ def test_a_skill_md_linked_out_of_its_folder_makes_no_skill(library: Path, tmp_p
     handle = kindex.KnowledgeBase(library)
     with pytest.raises(kindex.NotFoundError, match="no skill named 'leak'"):
         handle.skill("leak")
-    with pytest.raises(kindex.SkillError, match="no skill named 'leak'"):
+    with pytest.raises(kindex.NotFoundError, match="no skill named 'leak'"):
         skills.export_skill(library, "leak")
     assert "leak" not in {hit.name for hit in kindex.find_skills(library, "OUTSIDE-SKILL-SECRET")}
+
+
+def test_a_skill_that_is_not_there_or_a_folder_that_is_no_library_is_not_found(library: Path, tmp_path: Path) -> None:
+    # Deleting a skill twice answered 422 invalid_skill ("a package is broken"); `kindex find` on a plain KB said
+    # "no skill matches", where HTTP and MCP said it is no skill library.
+    skills.delete_skill(library, "pdf-tools")
+    for call in (lambda: skills.delete_skill(library, "pdf-tools"), lambda: skills.export_skill(library, "pdf-tools")):
+        with pytest.raises(kindex.NotFoundError, match="no skill named 'pdf-tools'"):
+            call()
+    plain = tmp_path / "plain"
+    write(plain / "a.md", "# a\n\n退款\n")
+    with pytest.raises(kindex.NotFoundError, match="not a skill library"):
+        kindex.find_skills(plain, "退款")
 
 
 def test_sync_onto_the_library_itself_is_refused(library: Path) -> None:

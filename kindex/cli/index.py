@@ -310,8 +310,11 @@ def preview(kb: str, as_json: bool, model: str | None) -> None:
     gen = f"model {p.model}" if p.llm_configured else "extractive (offline, no model configured)"
     click.echo(f"generator: {gen}")
     est = d["estimated_tokens"]
+    apart = est["calls"] - p.steps_total
+    each = f" (the root's {apart} documents one call each: more than fit one root answer)" if apart else ""
     click.echo(
-        f"a full model run: {est['calls']} calls, ~{est['prompt']:,} prompt + ~{est['completion']:,} answer tokens"
+        f"a full model run: {est['calls']} calls{each}, ~{est['prompt']:,} prompt + ~{est['completion']:,} answer "
+        "tokens"
     )
     for label, rows in (("skipped", d["skipped"]), ("warnings", d["warnings"])):
         if rows:
