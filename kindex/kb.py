@@ -56,6 +56,9 @@ AGENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """An agent id: its KB is ``<kb_root>/<agent_id>/`` for the HTTP service and the MCP server alike."""
 MAX_HANDLES = 32
 """KBs whose tables the module-level functions keep loaded at once (least recently used ones are dropped)."""
+MAX_LOADED_AGENTS = 64
+"""Agents whose tables a service (HTTP or MCP over ``--kb-root``) keeps loaded at once; the least recently asked
+are dropped and reloaded when asked. MCP kept 32, and at 50 active agents every call reloaded one (10 calls/s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,15 @@ from kindex.errors import (
 from kindex.fitting import cut_to_budget
 from kindex.globs import normalize_path
 from kindex.hosts import loopback, token_refusal
-from kindex.kb import AGENT_ID, CALLS_PER_AGENT, AgentGate, Handles, KnowledgeBase, agent_folder
+from kindex.kb import (
+    AGENT_ID,
+    CALLS_PER_AGENT,
+    MAX_LOADED_AGENTS,
+    AgentGate,
+    Handles,
+    KnowledgeBase,
+    agent_folder,
+)
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
 from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
@@ -139,7 +147,7 @@ class Library:
             raise UsageError("serve one KB or a folder of agents' KBs (--kb-root), not both or neither")
         self.single = KnowledgeBase(kb) if kb is not None else None
         self.root = Path(kb_root).resolve() if kb_root is not None else None
-        self._agents = Handles()
+        self._agents = Handles(MAX_LOADED_AGENTS)
 
     def serves(self, agent: str) -> bool:
         """Whether ``agent`` names a KB this server answers for (one stat; what the gates are kept for, so their

@@ -348,6 +348,13 @@ def test_one_agents_tool_calls_wait_their_turn_and_other_agents_are_served(
     asyncio.run(scenario())
 
 
+def test_mcp_keeps_as_many_agents_loaded_as_the_http_service(tmp_path: Path) -> None:
+    # It kept 32 (the module functions' bound), the service 64: at 50 active agents every call reloaded one.
+    from kindex.kb import MAX_LOADED_AGENTS
+
+    assert Library(kb_root=tmp_path)._agents._limit == MAX_LOADED_AGENTS == 64
+
+
 def test_a_public_bind_needs_a_token(indexed: Path) -> None:
     server = build_server(Library(kb=indexed))
     with pytest.raises(kindex.UsageError, match="without KINDEX_API_TOKEN"):

@@ -14,15 +14,12 @@ from fastapi import Request
 
 from kindex.errors import BusyError, ForbiddenError, UnauthorizedError, UsageError
 from kindex.hosts import loopback, token_refusal
-from kindex.kb import CALLS_PER_AGENT, AgentGate, Handles, KnowledgeBase, agent_folder
+from kindex.kb import CALLS_PER_AGENT, MAX_LOADED_AGENTS, AgentGate, Handles, KnowledgeBase, agent_folder
 from kindex.llm import LLMClient
 from kindex.scan import scan
 from kindex.server.tasks import TaskEngine
 from kindex.store import refuse_theme_folder
 from kindex.watch import Pending, Update, Watcher
-
-MAX_LOADED_AGENTS = 64
-"""Agents whose tables stay loaded at once; the least recently asked are dropped (and reloaded when asked)."""
 
 
 @dataclass
