@@ -45,6 +45,7 @@ from kindex.generators import (
     Usage,
     doc_messages,
     make_generator,
+    root_answer_needed,
     root_docs_apart,
     root_messages,
 )
@@ -161,7 +162,7 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
     refuse_knowledge_folders(s.kb, s.themes)  # or the KBs below
     apart = root_docs_apart(s)  # root documents with calls of their own: in the estimate, not in the steps
     prompt = sum(_tokens_of(doc_messages(d)) for d in s.documents if d.theme is not None or apart)
-    prompt += _tokens_of(root_messages(s))
+    prompt += _tokens_of(root_messages(s)) if root_answer_needed(s) else 0
     completion = DOC_ANSWER_TOKENS * (len(s.documents) - len(s.root_docs) + len(apart))
     completion += ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs) - len(apart))
     steps = 1 + sum(len(d) for d in s.themes.values())
@@ -175,7 +176,9 @@ def preview(kb: str | os.PathLike[str], options: Options | None = None) -> Previ
         model=opts.llm.model,
         skipped=s.skipped,
         warnings=s.warnings,
-        estimated_tokens=TokenEstimate(prompt=prompt, completion=completion, calls=steps + len(apart)),
+        estimated_tokens=TokenEstimate(
+            prompt=prompt, completion=completion, calls=steps - (not root_answer_needed(s)) + len(apart)
+        ),
     )
 
 
@@ -346,7 +349,7 @@ def dry_run(kb: str | os.PathLike[str], options: Options | None = None) -> Plan:
             root_messages(s),
             ROOT_ANSWER_TOKENS_PER_ITEM * (len(s.themes) + len(s.root_docs) - len(apart)),
         )
-    ]
+    ][: 1 if root_answer_needed(s) else 0]
     pending += [
         (d.rel, generator.doc_key(d), doc_messages(d), DOC_ANSWER_TOKENS) for d in s.documents if d.theme or apart
     ]
@@ -554,7 +557,8 @@ class _Runner:
         in_answer = s.root_docs if not apart else ()
         doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in in_answer}
         answer = None
-        if s.themes or s.root_docs:  # an empty KB's root index is empty: nothing to ask a model
+        # An empty KB's root index is empty; a model is asked only when the root answer has something to describe.
+        if (s.themes or s.root_docs) if self.generator.offline else root_answer_needed(s):
             answer = await self._answer(
                 self.generator.root_key(s), "index.json", lambda: self.generator.describe_root(s)
             )

@@ -305,6 +305,12 @@ def _root_answer_docs(scan: Scan) -> tuple[ScannedDoc, ...]:
     return () if root_docs_apart(scan) else scan.root_docs
 
 
+def root_answer_needed(scan: Scan) -> bool:
+    """Whether the root answer has anything to describe: an empty KB, or a flat one whose documents are all
+    described apart, asks the model nothing for it (an empty prompt's answer could only fail or invent)."""
+    return bool(scan.themes or _root_answer_docs(scan))
+
+
 def root_answer_tokens(scan: Scan) -> int:
     """Tokens the root answer may need: one bounded entry per theme and per top document it describes, and the
     braces."""

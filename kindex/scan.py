@@ -609,9 +609,9 @@ def signals_from(meta: Mapping[str, Any]) -> tuple[Signals, str | None]:
         paths = split_globs(paths)
     signals = _signals(first("title", "name"), first("description", "summary"), first("tags", "keywords"), paths)
     written = [p for p in paths if isinstance(p, str) and p.strip()] if isinstance(paths, list) else []
-    if len(signals.paths) >= min(len(set(written)), GLOBS_MAX):
-        return signals, None
     dropped = [p for p in written if normalize_path(p) not in signals.paths]
+    if not dropped or len(signals.paths) >= GLOBS_MAX:  # the same glob twice, or past the bound on their number
+        return signals, None
     unconditional = "; the page is shown for every message, as one without paths" if not signals.paths else ""
     return signals, (
         f"frontmatter paths: {len(dropped)} glob(s) cannot be used ({', '.join(repr(p[:80]) for p in dropped[:3])}; "

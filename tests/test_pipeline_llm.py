@@ -375,6 +375,8 @@ def test_scattered_refusals_do_not_stop_a_run(sample_kb: Path) -> None:
 
 def test_an_empty_kb_asks_the_model_nothing(tmp_path: Path) -> None:
     client = FakeClient()
+    plan, preview = kindex.dry_run(tmp_path, client_options(client)), kindex.preview(tmp_path, client_options(client))
+    assert plan.calls == preview.estimated_tokens.calls == 0  # both said 1: a root call the run never makes
     report = kindex.reindex(tmp_path, client_options(client))
     assert client.calls == [] and report.ok and report.notes[0].startswith("no Markdown document found")
     assert kindex.validate(tmp_path) == []
@@ -462,21 +464,28 @@ def test_a_flat_folder_of_many_notes_gets_one_call_per_document(tmp_path: Path, 
         (kb / f"note{i:02d}.md").write_text(f"# 笔记 {i}\n\n第 {i} 条笔记的内容。\n", encoding="utf-8")
     client = FakeClient()
     options = client_options(client)
-    assert kindex.dry_run(kb, options).calls == (1 if count <= 12 else 1 + count)
+    # With no theme, a root answer would have nothing to describe: it is not asked for (an empty prompt's answer
+    # could only fail, and the run exit 3 every time).
+    assert kindex.dry_run(kb, options).calls == (1 if count <= 12 else count)
     assert kindex.preview(kb, options).estimated_tokens.calls == kindex.dry_run(kb, options).calls  # it said 1
 
     report = kindex.reindex(kb, options)
 
     assert report.ok and report.progress.completed == report.progress.total == 1
     assert len(client.doc_calls()) == (0 if count <= 12 else count)
-    [root_call] = [c for c in client.calls if c.kind == "root"]
-    assert ("note00.md" in root_call.user) is (count <= 12)  # the root answer no longer lists them
+    assert len([c for c in client.calls if c.kind == "root"]) == (1 if count <= 12 else 0)
     titles = {d["path"]: d["title"] for d in load(kb / "index.json")["documents"]}
     expected = "根 {}" if count <= 12 else "标题 {}"  # the fake's root entries, or its document entries
     assert titles == {p: expected.format(p) for p in titles} and len(titles) == count  # every one the model's
     assert kindex.validate(kb) == []
     again = kindex.reindex(kb, options)
-    assert again.calls == 0 and again.cache_hits == (1 if count <= 12 else 1 + count)
+    assert again.calls == 0 and again.cache_hits == (1 if count <= 12 else count)
+    (kb / "theme").mkdir()  # with a theme, the root answer describes it, and the notes still one call each
+    (kb / "theme" / "t.md").write_text("# 主题页\n\n内容。\n", encoding="utf-8")
+    client.calls.clear()
+    kindex.reindex(kb, options)
+    [root_call] = [c for c in client.calls if c.kind == "root"]
+    assert "theme" in root_call.user and ("note00.md" in root_call.user) is (count <= 12)
 
 
 def test_the_root_answer_may_be_as_long_as_its_entries_need(tmp_path: Path, fake_llm: FakeLLM) -> None:

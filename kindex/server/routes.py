@@ -76,9 +76,11 @@ T = TypeVar("T")
 
 
 async def _in_turn(state: ServerState, agent_id: str, work: Callable[[], T]) -> T:
-    """``work`` on a worker thread behind the agent's gate (after its folder was checked): every route that scans,
-    reads index files or unpacks waits its agent's turn, as /context does. A flood of previews (a full scan each)
-    held every worker of the shared pool and stalled another agent's 6 ms context call for 28 s."""
+    """``work`` on a worker thread behind the agent's gate: every route that scans, reads index files or unpacks
+    waits its agent's turn, as /context does. A flood of previews (a full scan each) held every worker of the
+    shared pool and stalled another agent's 6 ms context call for 28 s. The agent's folder is checked first, so
+    gates are kept only for agents that have one."""
+    agent_kb(state, agent_id)
     async with state.gate(agent_id):
         return await run_in_threadpool(work)
 
@@ -184,7 +186,6 @@ def _read_index(kb: Path, dir_name: str | None) -> Index:
 @knowledge.put("/watch", response_model=WatchModel, summary="Reindex the agent's folder whenever it changes")
 async def watch_on(agent_id: str, request: Request) -> Any:
     state = server_state(request)
-    agent_kb(state, agent_id)
     return _watch_model(agent_id, await _in_turn(state, agent_id, lambda: state.watch(agent_id)))
 
 
@@ -241,7 +242,6 @@ def _library(state: ServerState, agent_id: str) -> KnowledgeBase:
 @skills_router.post("/find", response_model=list[SkillHit], summary="Skills matching a query, one hit each")
 async def find(agent_id: str, body: FindRequest, request: Request) -> Any:
     state = server_state(request)
-    agent_kb(state, agent_id)
     return await _in_turn(
         state, agent_id, lambda: _library(state, agent_id).find_skills(body.query, limit=body.limit, levels=body.levels)
     )
@@ -312,7 +312,6 @@ def _uploaded(content_type: str, body: bytes) -> bytes:
 )
 async def export_skill(agent_id: str, name: str, request: Request) -> Response:
     state = server_state(request)
-    agent_kb(state, agent_id)
     data = await _in_turn(state, agent_id, lambda: _library(state, agent_id).export_skill(name))
     headers = {"Content-Disposition": f'attachment; filename="{name}.zip"'}
     return Response(data, media_type="application/zip", headers=headers)
@@ -321,7 +320,6 @@ async def export_skill(agent_id: str, name: str, request: Request) -> Response:
 @skills_router.delete("/{name}", status_code=204, response_class=Response, summary="Remove a skill and its entries")
 async def delete_skill(agent_id: str, name: str, request: Request) -> Response:
     state = server_state(request)
-    agent_kb(state, agent_id)
     await _in_turn(state, agent_id, lambda: _library(state, agent_id).delete_skill(name))
     return Response(status_code=204)
 
@@ -334,7 +332,6 @@ async def delete_skill(agent_id: str, name: str, request: Request) -> Response:
 )
 async def sync_package(agent_id: str, body: SyncRequest, request: Request) -> Response:
     state = server_state(request)
-    agent_kb(state, agent_id)
 
     def package() -> bytes:
         kb = _library(state, agent_id)
