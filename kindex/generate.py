@@ -271,6 +271,7 @@ def _run(
                 done,
             ) from None
         finally:
+            runner.cache.flush()  # a stopped step's offline entries are as good as a finished one's
             runner.cache.close()
     return runner.report.report(time.monotonic() - started)
 
@@ -414,6 +415,9 @@ class _Runner:
         self.opts = opts
         self.cache = Cache(s.kb)
         self.live_keys: set[str] = set()
+        self.live_labels: set[str] = set()
+        """What this step described (documents, ``index.json``): after a whole offline run, the kept offline entries
+        of the others are of documents gone."""
         self.report = _Tally(step=step, generator=generator.name, offline=generator.offline)
         if self.cache.set_aside is not None:  # said: its answers are paid for again, and nothing else said why
             self.report.notes.append(
@@ -475,8 +479,10 @@ class _Runner:
     async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
         """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
         self.live_keys.add(key)
+        self.live_labels.add(label)
+        offline = self.generator.offline
         if not self.opts.force:
-            cached = self.cache.get(key)
+            cached = self.cache.derived(key, label) if offline else self.cache.get(key)
             if cached is not None:
                 self.report.cache_hits += 1
                 return Answer(cached, cached=True)
@@ -484,6 +490,7 @@ class _Runner:
             self._check_cancel()
             if self._fatal:  # a slot freed by the failed call must not start another one before the cancel lands
                 raise CancelledRun("stopped after a fatal model error")
+            moved = len(self.scan.stand_ins)
             try:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
@@ -528,8 +535,12 @@ class _Runner:
         self._reached = True
         self._unreachable_in_a_row = 0
         self._check_cancel()  # a late answer after a cancel is not used
-        if not self.generator.offline:
+        if not offline:
             self.cache.put(key, answer.obj, label)
+        elif len(self.scan.stand_ins) == moved:
+            # An entry made from the excerpt of a document that changed under the run is not the entry of the
+            # content its key names: not kept.
+            self.cache.keep_derived(key, label, answer.obj)
         if answer.cut_off:
             # What the model finished is used and the rest filled in (a root answer's missing entries extractive, each
             # noted): without this, nothing said why, nor that --max-tokens mends it.
@@ -693,6 +704,9 @@ class _Runner:
                 "in their place: run the step with the model again (--model, KINDEX_MODEL or [model] in kindex.toml) "
                 "to bring them back, with no new model call for unchanged documents"
             )
+        if self.generator.offline:
+            whole = self.report.step == "reindex" and not self.scan.unreadable
+            self.cache.flush(self.live_labels if whole else None)
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.held.check()

@@ -562,6 +562,10 @@ def build(
     for src, key in zip(sources, keys, strict=True):
         old = old_at.get(src.path)
         kept.append(old if old is not None and old_docs[old].key == key else None)
+    if previous is not None and tuple(themes) == previous.themes and kept == list(range(len(old_docs))):
+        # Nothing the tables are made of changed (a no-op reindex, an index file written again as it was):
+        # building them again merged every table and re-derived every anchor (2.5 s at 20,000 documents).
+        return replace(previous, signature=signature, digests=digests or ("",) * len(signature))
     names: list[str] = []
     for t in themes:
         names.extend((t.item.title, *t.item.tags))
