@@ -158,6 +158,14 @@ MAX_ABSENT_TERM = 32
 this many characters: a run the segmenter cannot cut comes back whole, and a message of 20,000 rare characters must
 not become a 20,000-character key. About 10 MB at most."""
 THEME_RECHECK_S = 1.0
+LOADS_AT_ONCE = 2
+"""Tables loaded at once in a process, whatever the number of KBs asked about. A load is CPU work, mostly under the
+interpreter's lock: 8 clients loading 56 agents at once put a loaded agent's 4–8 ms call at 76–149 ms (p90
+207–399 ms) while they ran (`bench/agent_fairness.py --cold 56`), and more loads at once finish no sooner. Two, not
+one: a KB whose load is slow (rebuilt from its documents) must not hold every other KB's load behind it."""
+LOAD_WAIT_S = 1.0
+"""How long a load waits for its turn before it runs anyway (the turns held by slow loads)."""
+_LOADING = threading.BoundedSemaphore(LOADS_AT_ONCE)
 PART_WEIGHT = 0.25
 """What the parts of an identifier the KB holds whole add to a ranking (``frame`` and ``end`` of ``frame_end``): the
 page that has ``frame_end`` is the one asked about, not the pages titled frame. Weak evidence, as a single Chinese
@@ -1197,7 +1205,14 @@ class Retriever:
         with self._lock:
             current = self._loaded
             if current is None or not _current(current):
-                current = self._loaded = _load(self.root, None if current is None else current.index)
+                # A turn among the process's loads, waited for ``LOAD_WAIT_S`` at most: loads that take longer (a
+                # KB rebuilt from its documents, its tables deleted) hold back no other KB's first call for long.
+                turn = _LOADING.acquire(timeout=LOAD_WAIT_S)
+                try:
+                    current = self._loaded = _load(self.root, None if current is None else current.index)
+                finally:
+                    if turn:
+                        _LOADING.release()
             return current
 
     @property

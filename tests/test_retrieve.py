@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1275,3 +1276,73 @@ def test_a_page_that_is_only_its_frontmatter_is_served_as_written(tmp_path: Path
     ctx = kindex.build_context(tmp_path, "发票抬头怎么改")
     assert not ctx.fallback and [i.path for i in ctx.items] == ["t/a.md"]
     assert "description: 如何修改发票抬头和税号" in ctx.text and "草稿" not in ctx.text
+
+
+def _held_loads(
+    monkeypatch: pytest.MonkeyPatch, held: set[Path]
+) -> tuple[threading.Semaphore, threading.Event, list[int]]:
+    """Loads of the KBs in ``held`` wait for the event returned; each load's entry is signalled on the semaphore,
+    and the most loads seen inside at once is kept in the list."""
+    entered, release, most = threading.Semaphore(0), threading.Event(), [0]
+    inside = [0]
+    count = threading.Lock()
+    real = kindex.retrieve._load
+
+    def load(kb: Path, last: Any = None) -> Any:
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        entered.release()
+        if kb in held:
+            release.wait(30)
+        with count:
+            inside[0] -= 1
+        return real(kb, last)
+
+    monkeypatch.setattr(kindex.retrieve, "_load", load)
+    monkeypatch.setattr(kindex.retrieve, "_LOADING", threading.BoundedSemaphore(2))
+    return entered, release, most
+
+
+def _small_kbs(root: Path, count: int) -> list[Path]:
+    return [
+        make_kb(root / f"kb{i}", {"t/a.md": (_doc("a.md", "退款", "退款说明"), "# 退款\n\n七天内可退款。\n")}).resolve()
+        for i in range(count)
+    ]
+
+
+def test_loads_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 clients loading 56 agents at once put a loaded agent's 4–8 ms call at 76–149 ms while they ran.
+    kbs = _small_kbs(tmp_path, 4)
+    entered, release, most = _held_loads(monkeypatch, set(kbs))
+    monkeypatch.setattr(kindex.retrieve, "LOAD_WAIT_S", 60.0)
+    threads = [threading.Thread(target=kindex.Retriever(kb).loaded) for kb in kbs]
+    for t in threads:
+        t.start()
+    assert entered.acquire(timeout=30) and entered.acquire(timeout=30)
+    assert not entered.acquire(timeout=0.3)  # the other two wait for a turn
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert most == [2] and all(not t.is_alive() for t in threads)
+
+
+def test_a_slow_load_holds_no_other_back_for_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A KB rebuilt from its documents (its tables deleted) may take a minute to load: the others' first calls
+    # wait LOAD_WAIT_S for a turn, then run anyway.
+    slow_a, slow_b, other = _small_kbs(tmp_path, 3)
+    entered, release, _ = _held_loads(monkeypatch, {slow_a, slow_b})
+    monkeypatch.setattr(kindex.retrieve, "LOAD_WAIT_S", 0.05)
+    threads = [threading.Thread(target=kindex.Retriever(kb).loaded) for kb in (slow_a, slow_b)]
+    for t in threads:
+        t.start()
+    assert entered.acquire(timeout=30) and entered.acquire(timeout=30)
+    found: list[str] = []
+    asker = threading.Thread(target=lambda: found.extend(h.path for h in kindex.Retriever(other).search("退款")))
+    asker.start()
+    asker.join(10)
+    loaded_while_held = not asker.is_alive()  # both turns are held until the release below
+    release.set()
+    for t in [*threads, asker]:
+        t.join(30)
+    assert loaded_while_held and found == ["t/a.md"]
