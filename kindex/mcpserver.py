@@ -199,8 +199,10 @@ class _UnknownArguments:
     body field: the SDK's argument models drop unknown keys, so ``read_document`` given ``section`` (for
     ``section_heading``) returned the whole document, and a stdio server given ``agent`` answered from its one KB."""
 
-    def __init__(self, server: MCPServer) -> None:
+    def __init__(self, server: MCPServer, one_kb: bool) -> None:
         self.server = server
+        self.one_kb = one_kb
+        """A server of one KB: ``agent`` is not said to be taken (it is refused, saying why, by the tool)."""
         self.takes: dict[str, tuple[str, ...]] | None = None
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -216,9 +218,30 @@ class _UnknownArguments:
                 if unknown and takes is not None:
                     close = difflib.get_close_matches(unknown[0], takes, n=1, cutoff=0.6)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    message = f"{name} takes no argument {unknown[0]!r}{hint}: it takes {', '.join(takes)}"
+                    said = [t for t in takes if not (self.one_kb and t == "agent")]
+                    message = f"{name} takes no argument {unknown[0]!r}{hint}: it takes {', '.join(said)}"
                     return _error_result(UsageError(message))
         return await call_next(ctx)
+
+
+async def _one_kb_tools(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """On a server of one KB, tools are listed without ``agent``, which only a server of several agents takes (the
+    call is refused there): a client shown the argument fills it in."""
+    result = await call_next(ctx)
+    # The SDK answers tools/list with the result as it goes on the wire (a dict, camelCase keys).
+    if ctx.method == "tools/list" and isinstance(result, dict) and isinstance(result.get("tools"), list):
+        tools = [
+            {**t, "inputSchema": _without_agent(t["inputSchema"])} if isinstance(t.get("inputSchema"), dict) else t
+            for t in result["tools"]
+        ]
+        return {**result, "tools": tools}
+    return result
+
+
+def _without_agent(schema: dict[str, Any]) -> dict[str, Any]:
+    properties = {k: v for k, v in schema.get("properties", {}).items() if k != "agent"}
+    required = [r for r in schema.get("required", []) if r != "agent"]
+    return {**schema, "properties": properties, **({"required": required} if "required" in schema else {})}
 
 
 _AGENT_RESOURCE = "kindex://agents/"
@@ -264,8 +287,10 @@ class _AgentTurns:
 def build_server(library: Library) -> MCPServer:
     """The MCP server for ``library``: tools, and the index files as resources."""
     server = MCPServer(name="kindex", version=kindex.__version__, instructions=INSTRUCTIONS, log_level="WARNING")
-    server.middleware.append(_UnknownArguments(server))
+    server.middleware.append(_UnknownArguments(server, library.single is not None))
     server.middleware.append(_AgentTurns(library))
+    if library.single is not None:
+        server.middleware.append(_one_kb_tools)
 
     @server.tool(title="Search the knowledge base")
     @_tool_errors

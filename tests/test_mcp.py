@@ -388,7 +388,7 @@ def test_an_argument_a_tool_does_not_take_is_refused(indexed: Path) -> None:
                 "error": {
                     "code": "invalid_request",
                     "message": "read_document takes no argument 'section' (did you mean 'section_heading'?): it "
-                    "takes path, section_heading, budget_tokens, agent",
+                    "takes path, section_heading, budget_tokens",
                 }
             }
             other = await c.call_tool("get_context", {"message": "退款", "agent": "other"})
@@ -398,3 +398,16 @@ def test_an_argument_a_tool_does_not_take_is_refused(indexed: Path) -> None:
             assert not right.is_error
 
     anyio.run(session)
+
+
+def test_a_server_of_one_kb_lists_no_agent_argument(indexed: Path, library: Path) -> None:
+    # Its tools listed `agent` (refused if given): a client shown the argument fills it in.
+    async def schemas(server: Any) -> dict[str, set[str]]:
+        async with Client(server) as c:
+            return {t.name: set(t.input_schema.get("properties", {})) for t in (await c.list_tools()).tools}
+
+    one = anyio.run(schemas, build_server(Library(kb=indexed)))
+    several = anyio.run(schemas, build_server(Library(kb_root=library.parent)))
+    assert set(one) == set(several) == TOOLS
+    assert all("agent" not in props for props in one.values()), one
+    assert all("agent" in props and props - {"agent"} == one[name] for name, props in several.items())
