@@ -177,6 +177,10 @@ def test_the_service_watches_an_agent_on_request(sample_kb: Path, recorded: queu
         assert off.json()["watching"] is False and agent not in app.state.kindex.watchers
         # What the watch did is in the answer that stops it (it said 0 updates and no last one).
         assert off.json()["updates"] == 1 and off.json()["last"]["steps"] == ["doc billing/自动续费.md"]
+        # And in a status asked for after: it said 0 updates and no last one, as of a folder never watched.
+        assert http.get(f"/v1/agents/{agent}/knowledge/watch").json() == off.json()
+        assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["updates"] == 0  # a new watch, counted anew
+        http.delete(f"/v1/agents/{agent}/knowledge/watch")
 
 
 def test_a_batch_pending_when_the_service_stops_watching_is_tried_when_it_starts_again(

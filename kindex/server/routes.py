@@ -194,7 +194,9 @@ def watch_status(agent_id: str, request: Request) -> Any:
     # By id alone: a watcher whose folder was removed is still reported (and can be stopped).
     state = server_state(request)
     check_agent_id(agent_id)
-    return _watch_model(agent_id, state.watchers.get(agent_id))
+    watching = state.watchers.get(agent_id)
+    # A stopped watch is said as it ended (its updates, the last one) until the agent is watched again.
+    return _watch_model(agent_id, watching or state.stopped.get(agent_id), watched=watching is not None)
 
 
 @knowledge.delete("/watch", response_model=WatchModel, summary="Stop watching the agent's folder")
@@ -205,11 +207,12 @@ async def watch_off(agent_id: str, request: Request) -> Any:
     return _watch_model(agent_id, await asyncio.to_thread(state.unwatch, agent_id))
 
 
-def _watch_model(agent_id: str, entry: AgentWatch | None) -> WatchModel:
+def _watch_model(agent_id: str, entry: AgentWatch | None, *, watched: bool = True) -> WatchModel:
+    """``watched``: whether ``entry`` is the agent's current watch, not the last one stopped."""
     last = entry.last if entry is not None else None
     return WatchModel(
         agent_id=agent_id,
-        watching=entry is not None and entry.thread.is_alive(),
+        watching=watched and entry is not None and entry.thread.is_alive(),
         updates=entry.updates if entry is not None else 0,
         last=None
         if last is None

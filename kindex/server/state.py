@@ -39,6 +39,9 @@ class ServerState:
     """Per agent no longer watched: the batch its watcher had yet to try again (at most one per agent folder)."""
     stopping: dict[str, AgentWatch] = field(default_factory=dict)
     """Watchers told to stop whose thread has not ended yet (a step in flight)."""
+    stopped: dict[str, AgentWatch] = field(default_factory=dict)
+    """Per agent whose watch was stopped: what it did, said by a status request until the agent is watched again
+    (one per agent folder)."""
     gates: dict[str, AgentGate] = field(default_factory=dict)
     """Per agent whose folder exists (so bounded by the folders), made on the event loop of its first request."""
     _handles: Handles | None = None
@@ -85,6 +88,7 @@ class ServerState:
                     "model answer): try again in a moment"
                 )
             self.stopping.pop(agent_id, None)
+            self.stopped.pop(agent_id, None)
             holder: list[AgentWatch] = []
             # What a watcher stopped before left to try again is tried when due. No reindex at the start, unlike
             # the CLI's: the service's generator may not be the one that indexed the KB, and a PUT must not rewrite
@@ -116,7 +120,7 @@ class ServerState:
         with self._lock:
             entry = self.watchers.pop(agent_id, None)
             if entry is not None:
-                self.stopping[agent_id] = entry
+                self.stopping[agent_id] = self.stopped[agent_id] = entry
         if entry is not None:
             entry.watcher.stop()
             entry.thread.join(timeout)
