@@ -236,16 +236,37 @@ class Compiled:
         return any((p if whole else p.rsplit("/", 1)[-1]).lower().startswith(prefix) for p in paths)
 
 
+class Scope:
+    """The paths a question is asked about, normalised once, and which globs match one of them, each glob looked
+    at once: entries often share their globs (``**/*.ts`` on every rule of a front-end folder), and a question
+    with 100 paths over 1,445 entries of 16 globs each took 2.6 s matching every entry's globs afresh."""
+
+    def __init__(self, paths: Iterable[str], compiled: Compiled | None = None) -> None:
+        self.usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]
+        self.compiled = compiled
+        """The caller's cache of compiled globs (:class:`Compiled`), else the process-wide one."""
+        self._seen: dict[str, bool] = {}
+
+    def matches(self, glob: str) -> bool:
+        """Whether ``glob`` matches one of the paths."""
+        seen = self._seen.get(glob)
+        if seen is None:
+            seen = self._seen[glob] = self._matches(glob)
+        return seen
+
+    def _matches(self, glob: str) -> bool:
+        compiled = self.compiled
+        if not self.usable or (compiled is not None and not compiled.may_match(glob, self.usable)):
+            return False
+        matcher = _compile(glob) if compiled is None else compiled.get(glob)
+        return matcher is not None and any(matcher.match(p) for p in self.usable)
+
+    def first(self, globs: Iterable[str]) -> str | None:
+        """The first of ``globs`` that matches one of the paths, or ``None``."""
+        return next((g for g in globs if self.matches(g)), None) if self.usable else None
+
+
 def any_match(globs: Iterable[str], paths: Iterable[str], compiled: Compiled | None = None) -> str | None:
     """The first glob that matches one of ``paths``, or ``None``; ``compiled``: the caller's cache (:class:`Compiled`),
     else the process-wide one."""
-    usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]
-    if not usable:
-        return None
-    for glob in globs:
-        if compiled is not None and not compiled.may_match(glob, usable):
-            continue
-        matcher = _compile(glob) if compiled is None else compiled.get(glob)
-        if matcher is not None and any(matcher.match(p) for p in usable):
-            return glob
-    return None
+    return Scope(paths, compiled).first(globs)

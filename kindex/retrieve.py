@@ -53,7 +53,7 @@ from kindex.globs import (
     MAX_PATH_CHARS,
     MAX_PATH_SEGMENTS,
     Compiled,
-    any_match,
+    Scope,
     normalize_path,
     paths_in_text,
 )
@@ -1008,9 +1008,8 @@ def _rank(
         doc = loaded.index.docs[idx]
         hits.append(_Hit(idx, doc.path, "document", doc.entry, float(scored.scores[idx]), NAMED))
     if scope:
-        matched = [
-            (idx, glob) for idx, globs in loaded.globs.items() if (glob := any_match(globs, scope, loaded.matchers))
-        ]
+        in_scope = Scope(scope, loaded.matchers)
+        matched = [(idx, glob) for idx, globs in loaded.globs.items() if (glob := in_scope.first(globs))]
         # The rules a path brings in, best for the question first (a theme's paths bring in all its documents).
         matched.sort(key=lambda m: (-float(scored.scores[m[0]]), int(loaded.path_rank[m[0]])))
         for idx, glob in matched:
