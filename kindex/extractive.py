@@ -13,6 +13,7 @@ from typing import Any
 
 from kindex.markdown import INLINE_TAG, Line, lines, outside_raw_blocks, without_link_targets
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
+from kindex.sanitize import says
 from kindex.scan import ScannedDoc
 
 SUMMARY_TARGET = 160
@@ -110,8 +111,12 @@ def is_cjk_text(text: str) -> bool:
 def describe_doc(doc: ScannedDoc, text: str) -> dict[str, Any]:
     """An entry for ``doc``: frontmatter first, then the first heading, paragraph, section headings and terms."""
     sig = doc.signals
-    title = sig.title or (doc.headings[0] if doc.headings else doc.rel.rsplit("/", 1)[-1].removesuffix(".md"))
-    summary = sig.description or first_paragraph(text) or "；".join(doc.headings[1:6]) or title
+    name = doc.rel.rsplit("/", 1)[-1].removesuffix(".md")
+    # The first that says something (a letter or digit): a page titled "..." whose body is "…" had no usable entry,
+    # and kept its old content's on every run.
+    title = next((t for t in (sig.title, *doc.headings[:1]) if says(t)), name)
+    described = (sig.description, first_paragraph(text), "；".join(doc.headings[1:6]))
+    summary = next((t for t in described if says(t)), title)
     tags = list(sig.tags) or distinctive_tags(text, title)
     return {"title": title, "summary": summary, "tags": tags, "paths": list(sig.paths), "questions": questions_of(doc)}
 

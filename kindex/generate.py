@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -476,8 +476,11 @@ class _Runner:
         failed = {f.path: f.reason for f in self.report.failures if settled(f.path)}
         note_stand_ins(self.scan.kb, covered, failed, self.opts.llm.model or "")
 
-    async def _answer(self, key: str, label: str, ask: Callable[[], Any]) -> Answer | None:
-        """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed."""
+    async def _answer(
+        self, key: str, label: str, ask: Callable[[], Any], made_from: Collection[str] | None = None
+    ) -> Answer | None:
+        """The cached answer for ``key``, or a fresh one (cached at once); ``None`` when generation failed.
+        ``made_from``: the documents the answer describes (default: ``label``'s)."""
         self.live_keys.add(key)
         self.live_labels.add(label)
         offline = self.generator.offline
@@ -490,7 +493,6 @@ class _Runner:
             self._check_cancel()
             if self._fatal:  # a slot freed by the failed call must not start another one before the cancel lands
                 raise CancelledRun("stopped after a fatal model error")
-            moved = len(self.scan.stand_ins)
             try:
                 answer: Answer = await ask()
             except GenerationFailed as exc:
@@ -537,7 +539,7 @@ class _Runner:
         self._check_cancel()  # a late answer after a cancel is not used
         if not offline:
             self.cache.put(key, answer.obj, label)
-        elif len(self.scan.stand_ins) == moved:
+        elif self.scan.stand_ins.isdisjoint((label,) if made_from is None else made_from):
             # An entry made from the excerpt of a document that changed under the run is not the entry of the
             # content its key names: not kept.
             self.cache.keep_derived(key, label, answer.obj)
@@ -564,22 +566,38 @@ class _Runner:
             old = next((t for t in previous.themes if t.dir == name), None)
             theme_defaults[name] = old or theme_item_from(extractive.describe_theme(name, docs), name)
         # Many root documents (a flat folder of notes) are described one call each, beside the root answer.
-        apart = root_docs_apart(s) if not self.generator.offline else ()
+        offline = self.generator.offline
+        apart = root_docs_apart(s) if not offline else ()
         in_answer = s.root_docs if not apart else ()
-        doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in in_answer}
+        # Root documents are overviews: only their author makes one conditional, with the globs it has now.
+        doc_defaults = {
+            d.path_in_theme: self._fallback_doc(d, previous).model_copy(update={"paths": tuple(d.signals.paths)})
+            for d in in_answer
+        }
         answer = None
         # An empty KB's root index is empty; a model is asked only when the root answer has something to describe.
-        if (s.themes or s.root_docs) if self.generator.offline else root_answer_needed(s):
+        if (s.themes or s.root_docs) if offline else root_answer_needed(s):
             answer = await self._answer(
-                self.generator.root_key(s), "index.json", lambda: self.generator.describe_root(s)
+                self.generator.root_key(s),
+                "index.json",
+                lambda: self.generator.describe_root(s),
+                made_from=[d.rel for d in s.root_docs],
             )
-        if answer is None:
+        index = None
+        if answer is not None:
+            try:
+                index, notes = root_index(
+                    answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults, fill_lists=not offline
+                )
+            except AnswerError as exc:  # a stored answer that no longer validates: as a failed call
+                reason = f"{'stored answer' if answer.cached else 'answer'} unusable: {exc}"
+                self.report.failures.append(Failure(path="index.json", reason=reason, transient=False))
+            else:
+                if not answer.cached:  # a no-op run repeated the same five notes on every run
+                    self.report.notes.extend(f"index.json: {n}" for n in _bounded(notes))
+                self.indexed.update(d.rel for d in in_answer)
+        if index is None:
             index = Index(themes=tuple(theme_defaults.values()), documents=tuple(doc_defaults.values())).sorted()
-        else:
-            index, notes = root_index(answer.obj, theme_defaults=theme_defaults, doc_defaults=doc_defaults)
-            if not answer.cached:  # a no-op run repeated the same five notes on every run
-                self.report.notes.extend(f"index.json: {n}" for n in _bounded(notes))
-            self.indexed.update(d.rel for d in in_answer)
         if apart:
             items = await _all(self._doc_entry(d, previous, root=True) for d in apart)
             index = Index(themes=index.themes, documents=(*index.documents, *items)).sorted()

@@ -24,14 +24,15 @@ def doc_entry(obj: Mapping[str, Any], path: str, author_paths: tuple[str, ...] =
     return DocItem(**fields)
 
 
+def says(text: str) -> bool:
+    """Whether ``text`` holds a letter or digit in any script: "..." or "…" says nothing."""
+    return any(ch.isalnum() for ch in text)
+
+
 def _said(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` without the texts that say nothing: no letter or digit in any script (a small model echoes the
-    prompt's placeholders, "...", and the entry was kept: "## ..." as the page's header in every context), and a
-    title that is a file path."""
-
-    def says(text: str) -> bool:
-        return any(ch.isalnum() for ch in text)
-
+    """``fields`` without the texts that say nothing (:func:`says`: a small model echoes the prompt's placeholders,
+    "...", and the entry was kept: "## ..." as the page's header in every context), and a title that is a file
+    path."""
     out = dict(fields)
     for name in ("title", "summary"):
         out[name] = fields[name] if says(fields[name]) else ""
@@ -71,12 +72,16 @@ def root_index(
     *,
     theme_defaults: Mapping[str, ThemeItem],
     doc_defaults: Mapping[str, DocItem],
+    fill_lists: bool = True,
 ) -> tuple[Index, list[str]]:
     """The root index from a model answer, limited to the scanned root files and themes.
 
     ``theme_defaults`` and ``doc_defaults`` name every scanned theme and root document with the entry it gets
-    when the answer leaves it out, so nothing vanishes from navigation. Returns the index and notes on what was
-    dropped or filled in. Raises :class:`AnswerError` when the answer has neither list.
+    when the answer leaves it out, so nothing vanishes from navigation; a root document's ``paths`` are its
+    default's (its author's). ``fill_lists``: a document's empty tags and questions are its default's too (a model
+    that left them out), not for an answer that describes the documents as they are now (the offline generator's,
+    whose empty tags are none). Returns the index and notes on what was dropped or filled in. Raises
+    :class:`AnswerError` when the answer has neither list.
     """
     require_root_lists(obj)
     raw_themes, raw_docs = obj.get("themes"), obj.get("documents")
@@ -94,7 +99,7 @@ def root_index(
     for name in sorted(set(theme_defaults) - set(themes)):
         notes.append(f"theme {name!r} was missing: default entry added")
         themes[name] = theme_defaults[name]
-    docs = _align_docs(raw_docs if isinstance(raw_docs, list) else [], doc_defaults, notes)
+    docs = _align_docs(raw_docs if isinstance(raw_docs, list) else [], doc_defaults, notes, fill_lists)
     return Index(themes=tuple(themes.values()), documents=docs).sorted(), notes
 
 
@@ -103,7 +108,9 @@ def require_root_lists(obj: Mapping[str, Any]) -> None:
     themes, docs = obj.get("themes"), obj.get("documents")
     if not isinstance(themes, list) and not isinstance(docs, list):
         raise AnswerError('the object has neither a "themes" list nor a "documents" list')
-    entries = [e for e in (*(themes or ()), *(docs or ())) if isinstance(e, dict)]
+    # Only lists: a cached answer of another shape (``"themes": 5``) crashed every run that read it.
+    lists = [x for x in (themes, docs) if isinstance(x, list)]
+    entries = [e for entries in lists for e in entries if isinstance(e, dict)]
     said = [_said(theme_fields(e, "-")) for e in entries]
     if entries and not any(f["title"] or f["summary"] for f in said):
         # Every entry a placeholder ("..."): an answer that describes nothing is asked again, not kept (and cached).
@@ -115,7 +122,9 @@ def theme_index(docs: Sequence[DocItem]) -> Index:
     return Index(themes=(), documents=tuple(docs)).sorted()
 
 
-def _align_docs(raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: list[str]) -> tuple[DocItem, ...]:
+def _align_docs(
+    raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: list[str], fill_lists: bool
+) -> tuple[DocItem, ...]:
     docs: dict[str, DocItem] = {}
     for i, raw in enumerate(raw_docs):
         path = raw.get("path") if isinstance(raw, dict) else None
@@ -124,7 +133,7 @@ def _align_docs(raw_docs: list[Any], defaults: Mapping[str, DocItem], notes: lis
         elif path in docs:
             notes.append(f"dropped documents[{i}]: second entry for {path!r}")
         else:
-            docs[path] = _fill_doc(_said(doc_fields(raw, path)), defaults[path])
+            docs[path] = _fill_doc(_said(doc_fields(raw, path)), defaults[path], fill_lists)
     for path in sorted(set(defaults) - set(docs)):
         notes.append(f"document {path!r} was missing: extractive entry added")
         docs[path] = defaults[path]
@@ -141,13 +150,13 @@ def _fill_theme(item: dict[str, Any], default: ThemeItem) -> ThemeItem:
     )
 
 
-def _fill_doc(item: dict[str, Any], default: DocItem) -> DocItem:
+def _fill_doc(item: dict[str, Any], default: DocItem, fill_lists: bool) -> DocItem:
     return DocItem(
         path=item["path"],
         title=item["title"] or default.title,
         summary=item["summary"] or default.summary,
-        tags=item["tags"] or default.tags,
-        questions=item["questions"] or default.questions,
+        tags=item["tags"] or (default.tags if fill_lists else ()),
+        questions=item["questions"] or (default.questions if fill_lists else ()),
         # Root documents are overviews: only their author can make one conditional (frontmatter globs).
         paths=default.paths,
     )

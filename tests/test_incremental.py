@@ -445,3 +445,87 @@ def test_a_no_op_run_builds_no_search_tables(sample_kb: Path, monkeypatch: pytes
     doc.write_text(doc.read_text(encoding="utf-8") + "\n离线记录会加密保存。\n", encoding="utf-8")
     assert kindex.reindex(sample_kb).documents_read == 1 and linked == [21]
     assert kindex.search(sample_kb, "离线记录加密保存")[0].path == "sync/离线模式.md"
+
+
+def _scratch_index(kb: Path, tmp: Path) -> dict[str, Any]:
+    """Every index file of a from-scratch offline reindex of ``kb``'s documents, by path."""
+    fresh = tmp / "scratch"
+    shutil.copytree(kb, fresh, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    kindex.reindex(fresh, Options(force=True))
+    return {p.relative_to(fresh).as_posix(): orjson.loads(p.read_bytes()) for p in sorted(fresh.rglob("index.json"))}
+
+
+def _index(kb: Path) -> dict[str, Any]:
+    return {p.relative_to(kb).as_posix(): orjson.loads(p.read_bytes()) for p in sorted(kb.rglob("index.json"))}
+
+
+def test_a_root_answer_made_from_a_document_changing_under_the_run_is_not_kept(
+    sample_kb: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new root document edited during the run, then restored to the bytes the scan saw (an editor's undo): the
+    # root answer made from its excerpt was kept under the scanned digests, and index.json kept tags from only
+    # its first 1,200 characters on every later run (a differential campaign).
+    kindex.reindex(sample_kb)
+    body = "# 长文档\n\n根目录的长文档。\n\n" + "".join(
+        f"## 第{i}节 标题{i}\n\n{'内容' * 400}\n\n" for i in range(1, 8)
+    )
+    doc = sample_kb / "长文档.md"
+    doc.write_text(body, encoding="utf-8")
+    real = kindex.generate.scan  # type: ignore[attr-defined]
+
+    def scan_then_edit(*args: Any, **kwargs: Any) -> Any:
+        s = real(*args, **kwargs)
+        doc.write_text("# 改了\n\n编辑中\n", encoding="utf-8")
+        return s
+
+    monkeypatch.setattr(kindex.generate, "scan", scan_then_edit)
+    kept = _derived_rows(sample_kb)["index.json"]
+    kindex.reindex(sample_kb)
+    assert _derived_rows(sample_kb)["index.json"] == kept
+    monkeypatch.setattr(kindex.generate, "scan", real)
+    doc.write_text(body, encoding="utf-8")
+    kindex.reindex(sample_kb)
+    assert _index(sample_kb) == _scratch_index(sample_kb, tmp_path)
+
+
+@pytest.mark.parametrize("planted", [b'{"themes": 5, "documents": [5]}', b"{}"])
+def test_a_stored_root_answer_of_another_shape_fails_that_answer_not_every_run(sample_kb: Path, planted: bytes) -> None:
+    # ``"themes": 5`` crashed every offline run with a TypeError, ``{}`` with an AnswerError, until --force.
+    kindex.reindex(sample_kb)
+    before = _index(sample_kb)
+    with contextlib.closing(sqlite3.connect(sample_kb / STATE_DIR / "answers.sqlite")) as db, db:
+        db.execute("UPDATE derived SET value = ? WHERE label = 'index.json'", (planted,))
+    report = kindex.reindex(sample_kb)
+    assert _index(sample_kb) == before
+    if planted == b"{}":
+        assert [(f.path, f.reason) for f in report.failures] == [
+            ("index.json", 'stored answer unusable: the object has neither a "themes" list nor a "documents" list')
+        ]
+
+
+def test_a_root_documents_globs_and_lists_follow_its_content(sample_kb: Path, tmp_path: Path) -> None:
+    # Its entry took paths, tags and questions from its previous entry: globs added to its frontmatter did
+    # nothing, removed ones left it conditional (hidden from every chat) for good, and tags of headings deleted
+    # since stayed. A scratch run follows the document.
+    page = sample_kb / "00-总则与功能导航.md"
+    original = page.read_text(encoding="utf-8")
+    kindex.reindex(sample_kb)
+    page.write_text('---\npaths: ["web/*.ts"]\n---\n' + original, encoding="utf-8")
+    kindex.reindex(sample_kb)
+    entry = next(d for d in _index(sample_kb)["index.json"]["documents"] if d["path"] == page.name)
+    assert entry["paths"] == ["web/*.ts"] and entry["tags"]
+    page.write_text("常见问题已经搬到帮助中心的新页面，请在那里查看最新内容。\n", encoding="utf-8")
+    kindex.reindex(sample_kb)
+    entry = next(d for d in _index(sample_kb)["index.json"]["documents"] if d["path"] == page.name)
+    assert not entry.get("paths") and not entry.get("tags") and not entry.get("questions")
+    assert _index(sample_kb) == _scratch_index(sample_kb, tmp_path)
+
+
+def test_a_page_whose_title_and_text_say_nothing_is_titled_by_its_file_name(sample_kb: Path) -> None:
+    # "..." for a title and "…" for a text: no usable extractive entry, so the entry of the page's old content
+    # was kept, and each run failed again.
+    kindex.reindex(sample_kb)
+    (sample_kb / "billing" / "退款政策.md").write_text('---\ntitle: "..."\n---\n\n…\n\n— — —\n', encoding="utf-8")
+    report = kindex.reindex(sample_kb)
+    entry = next(d for d in _index(sample_kb)["billing/index.json"]["documents"] if d["path"] == "退款政策.md")
+    assert report.failures == () and entry["title"] == entry["summary"] == "退款政策"
