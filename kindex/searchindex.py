@@ -605,12 +605,22 @@ def build(
             add(name, i, counts)
         doc_links.append(found)
     # The anchors field: whatever else changed, a document's anchors come from the other documents' links now.
-    anchors = _anchors([(src.path, found) for src, found in zip(sources, doc_links, strict=True)])
+    # When no link changed (the same documents in the same order, an edited one linking as before) they are what
+    # they were: deriving them again from every document's links was 0.7 s of a doc step at 20,000 documents.
+    same_links = (
+        previous is not None
+        and [src.path for src in sources] == [d.path for d in old_docs]
+        and doc_links == list(old_links)
+    )
+    anchors = {} if same_links else _anchors([(src.path, found) for src, found in zip(sources, doc_links, strict=True)])
     anchors_mapping = np.full(len(old_docs), -1, dtype=np.int32)
     records: list[DocRecord] = []
     for i, src in enumerate(sources):
         texts = anchors.get(src.path, [])
-        anchors_key = hashlib.sha256(orjson.dumps([ANALYZER_VERSION, texts])).hexdigest() if texts else ""
+        if same_links:
+            anchors_key = old_docs[i].anchors_key
+        else:
+            anchors_key = hashlib.sha256(orjson.dumps([ANALYZER_VERSION, texts])).hexdigest() if texts else ""
         before = old_at.get(src.path)
         if before is not None and previous is not None and old_docs[before].anchors_key == anchors_key:
             anchors_mapping[before] = i
