@@ -428,22 +428,22 @@ def test_a_no_op_run_builds_no_search_tables(sample_kb: Path, monkeypatch: pytes
     kindex.reindex(sample_kb)
     tables = sample_kb / STATE_DIR / "search.npz"
     saved = tables.stat().st_mtime_ns
-    linked: list[int] = []
-    real = kindex.searchindex._anchors
+    merged: list[int] = []
+    real = kindex.searchindex.FieldTable.merge
 
-    def counted(docs: Any) -> Any:
-        linked.append(len(docs))
-        return real(docs)
+    def counted(old: Any, mapping: Any, new: Any) -> Any:
+        merged.append(len(new))
+        return real(old, mapping, new)
 
-    monkeypatch.setattr(kindex.searchindex, "_anchors", counted)
-    assert kindex.reindex(sample_kb).documents_read == 0 and linked == [] and tables.stat().st_mtime_ns == saved
+    monkeypatch.setattr(kindex.searchindex.FieldTable, "merge", staticmethod(counted))
+    assert kindex.reindex(sample_kb).documents_read == 0 and merged == [] and tables.stat().st_mtime_ns == saved
     # A theme index written again as it was: its new stamp saved, nothing analysed or merged.
     theme = sample_kb / "sync" / "index.json"
     theme.write_bytes(theme.read_bytes())
-    assert kindex.search(sample_kb, "离线模式")[0].path == "sync/离线模式.md" and linked == []
+    assert kindex.search(sample_kb, "离线模式")[0].path == "sync/离线模式.md" and merged == []
     doc = sample_kb / "sync" / "离线模式.md"
     doc.write_text(doc.read_text(encoding="utf-8") + "\n离线记录会加密保存。\n", encoding="utf-8")
-    assert kindex.reindex(sample_kb).documents_read == 1 and linked == [21]
+    assert kindex.reindex(sample_kb).documents_read == 1 and len(merged) == len(kindex.searchindex.FIELDS)
     assert kindex.search(sample_kb, "离线记录加密保存")[0].path == "sync/离线模式.md"
 
 
