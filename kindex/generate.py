@@ -35,6 +35,7 @@ from kindex.errors import (
     InterruptedRun,
     InvalidFileError,
     KBNotFoundError,
+    KindexError,
     ModelError,
     UsageError,
 )
@@ -263,8 +264,20 @@ def _run(
         try:
             with searchindex.saving(s.kb) if first else contextlib.nullcontext():
                 _run_to_end(lambda: runner.run(body))
+        except CancelledRun:
+            if isinstance(runner.fatal, KindexError):
+                raise runner.fatal from None
+            raise
         except KeyboardInterrupt:
             done = runner.report.report(time.monotonic() - started)
+            if runner.finished:
+                # Ctrl-C during the last, uncancellable part (the search tables' update): the event loop says so only
+                # once the step is over, and "run the same command again to finish" had the user do it all again.
+                raise InterruptedRun(
+                    f"interrupted as the step ended, after it had finished ({done.completed} of {done.total} steps): "
+                    "every index file and the search tables are written; there is nothing to run again",
+                    done,
+                ) from None
             raise InterruptedRun(
                 f"interrupted after {done.completed} of {done.total} steps; the {done.calls} answers received "
                 "are cached and every index file is intact: run the same command again to finish",
@@ -425,14 +438,18 @@ class _Runner:
                 f"{STATE_DIR}/{self.cache.set_aside.name}; the answers it held are asked for again"
             )
         self._sem: asyncio.Semaphore | None = None
-        self._fatal = False
-        """Set when a call failed for the whole run (a bad key, an unknown model): no further call starts."""
+        self.fatal: BaseException | None = None
+        """What failed the whole run (a bad key, an unknown model, no server): no further call starts, and the run
+        ends with it, whichever task's error reaches the top first (another's said only "stopped after a fatal
+        model error")."""
         self._reached = False
         """A model call of this run reached the server (an error status counts): a connection failure after it is
         one document's, not the run's, unless they follow one another (``_unreachable_in_a_row``)."""
         self._unreachable_in_a_row = 0
         self.indexed: set[str] = set()
         """Documents whose entries this step made from the scan's read (a failed one keeps an older entry)."""
+        self.finished = False
+        """The step did all its work (a Ctrl-C the event loop reports after that interrupted nothing)."""
         self.kept_on_force: list[str] = []
         """Items whose forced call failed and whose cached answer for the same prompt was used."""
 
@@ -491,7 +508,7 @@ class _Runner:
                 return Answer(cached, cached=True)
         async with self.sem:
             self._check_cancel()
-            if self._fatal:  # a slot freed by the failed call must not start another one before the cancel lands
+            if self.fatal is not None:  # a slot freed by the failed call must not start another before the cancel
                 raise CancelledRun("stopped after a fatal model error")
             try:
                 answer: Answer = await ask()
@@ -502,7 +519,6 @@ class _Runner:
                 if self._unreachable_in_a_row and not self._reached:
                     # Nothing has answered yet: a wrong --api-base or a server that is down, not one document's
                     # bad luck. Stopping here says so at once, instead of every document failing the same way.
-                    self._fatal = True
                     check = (
                         "check the API base (--api-base, KINDEX_API_BASE or [model] api_base in kindex.toml) and "
                         "that the server is running"
@@ -510,15 +526,16 @@ class _Runner:
                         else "check this machine's network connection to the provider (or --api-base for a local or "
                         "proxy server)"
                     )
-                    raise ModelError(f"{exc.message}: no call of this run has reached the model; {check}") from None
+                    self.fatal = ModelError(f"{exc.message}: no call of this run has reached the model; {check}")
+                    raise self.fatal from None
                 if self._unreachable_in_a_row >= 2 * max(self.opts.concurrency, 2):
                     # Every call in flight when the server went away, and as many started after, found nobody:
                     # the rest would only fail the same way, each after its retries.
-                    self._fatal = True
-                    raise ModelError(
+                    self.fatal = ModelError(
                         f"{exc.message}: the model stopped answering ({self._unreachable_in_a_row} calls in a row "
                         "could not connect); the answers so far are cached: run again when it is back"
-                    ) from None
+                    )
+                    raise self.fatal from None
                 cached = self.cache.get(key) if self.opts.force else None
                 if cached is not None:
                     # --force asked again and the call failed: the answer given before for this same prompt stands,
@@ -530,8 +547,9 @@ class _Runner:
                 if advice and advice not in self.report.notes:
                     self.report.notes.append(advice)
                 return None
-            except BaseException:
-                self._fatal = True
+            except BaseException as exc:
+                # The first: the calls cancelled because of it end here too, with CancelledError.
+                self.fatal = self.fatal or exc
                 raise
         self.report.usage.merge(answer.usage)
         self._reached = True
@@ -739,6 +757,7 @@ class _Runner:
             )
         self.held.check()
         self.scan.remember(self.indexed.__contains__)
+        self.finished = True
 
     async def reindex(self) -> None:
         s = self.scan

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -171,3 +172,20 @@ def test_ctrl_c_stops_cleanly_with_a_summary(
     assert "Traceback" not in err and "never retrieved" not in err and "was never awaited" not in err, err
     assert_files_conform(sample_kb)
     assert list(sample_kb.rglob("*.tmp")) == []
+
+
+def test_ctrl_c_reported_after_the_step_finished_says_there_is_nothing_to_run_again(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C during the search tables' update (not cancellable) is raised by the event loop once the step is over:
+    # "interrupted after 2409 of 2409 steps ... run the same command again to finish", for a step that had finished.
+    real = kindex.generate._run_to_end
+
+    def then_interrupted(coroutine: Any) -> None:
+        real(coroutine)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kindex.generate, "_run_to_end", then_interrupted)
+    with pytest.raises(kindex.InterruptedRun, match=r"after it had finished .*there is nothing to run again"):
+        kindex.reindex(sample_kb)
+    assert kindex.validate(sample_kb) == []

@@ -13,6 +13,7 @@ import pytest
 
 import kindex
 from kindex import LiteLLMClient, LLMSettings, ModelCallError, ModelError, Options, llm
+from kindex.errors import CancelledRun
 from kindex.generators import DOC_SCHEMA
 from tests.conftest import llm_settings
 from tests.fakellm import FakeLLM, Reply, doc_path, is_root, well_behaved
@@ -376,3 +377,17 @@ def test_a_provider_that_cannot_be_reached_is_not_blamed_on_an_api_base_never_gi
     client.doc = client.root
     with pytest.raises(ModelError, match="no call of this run has reached the model; check this machine's network"):
         kindex.reindex(sample_kb, Options(llm=kindex.LLMSettings(model="openai/gpt-4o-mini"), client=client))
+
+
+def test_a_run_ends_with_the_error_that_failed_it_whichever_task_reports_first(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A newcomer's run with no network once ended "stopped after a fatal model error", no cause: the error of a
+    # call that found the run failed reached the top before the failed call's own.
+    async def failed_elsewhere(self: Any) -> None:
+        self.fatal = ModelError("cannot connect to the provider: no call of this run has reached the model")
+        raise CancelledRun("stopped after a fatal model error")
+
+    monkeypatch.setattr(kindex.generate._Runner, "reindex", failed_elsewhere)
+    with pytest.raises(ModelError, match="no call of this run has reached the model"):
+        kindex.reindex(sample_kb)
