@@ -361,9 +361,13 @@ def _level(line: Line) -> int:
 
 def section(text: str, heading: str) -> str | None:
     """The section of ``text`` under the first heading named ``heading`` (case-insensitive; else the first that
-    contains it), up to the next heading of the same or a higher level; ``None`` when no heading matches."""
+    contains it), up to the next heading of the same or a higher level; ``None`` when no heading matches.
+
+    ``heading`` may be written as the page writes it (``## 使用 `CORSMiddleware` { #use-corsmiddleware }``): it is
+    read as a heading line is, as the headings it is compared with were."""
     all_lines = lines(text)
-    wanted = heading.strip().casefold()
+    asked = heading.strip()
+    wanted = (heading_title("# " + asked.lstrip("#").strip()) or asked).casefold()
     marked = [(i, line) for i, line in enumerate(all_lines) if line.heading]
     hit = next((p for p in marked if p[1].heading and p[1].heading.casefold() == wanted), None)
     if hit is None and wanted:

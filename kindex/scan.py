@@ -177,7 +177,8 @@ class Scan:
                 hint = f"documents here: {', '.join(close)}{more}"
             raise PathNotInThemeError(
                 f"'{path}' is not a scanned document of theme '{dir_name}': give its .md path relative to "
-                f"'{dir_name}/' ({hint})"
+                f"'{dir_name}/' ({hint}); the entry of a document deleted or moved goes with a sub step on the "
+                f"theme (`kindex sub KB {dir_name}`)"
             )
         return doc
 

@@ -74,6 +74,14 @@ def test_preview_human_and_json(sample_kb: Path) -> None:
     assert data["llm_configured"] is False and data["skipped"] == []
 
 
+def test_preview_of_a_folder_without_markdown_says_so(tmp_path: Path) -> None:
+    # It said "0 calls (the root's -1 documents one call each: more than fit one root answer)", and nothing of why.
+    (tmp_path / "notes.txt").write_text("hi", encoding="utf-8")
+    code, out, err = run("preview", str(tmp_path))
+    assert code == 0 and "a full model run: 0 calls, ~0 prompt" in out and "-1" not in out
+    assert "no Markdown document found (only .md files are indexed)" in err
+
+
 def test_validate_lists_problems_and_exits_1(sample_kb: Path) -> None:
     assert run("reindex", str(sample_kb))[0] == 0
     (sample_kb / "sync" / "新增.md").write_text("# 新增\n\n新文档。", encoding="utf-8")

@@ -1368,3 +1368,13 @@ def test_a_glob_many_entries_share_is_matched_once_a_question(tmp_path: Path, mo
     ctx = kindex.build_context(kb, "组件规范", paths=["server/api/sign.go", "docs/a.md"], max_docs=50)
     assert sorted(looked) == sorted(globs)
     assert len([i for i in ctx.items if i.reason == "scope glob server/**/*.go"]) == 30
+
+
+def test_a_section_is_found_by_its_heading_as_the_page_writes_it() -> None:
+    # MCP's read_document refused `使用 `CORSMiddleware``, the heading as get_context shows the page, and its raw
+    # line with the `{ #id }` attribute: only the form without backticks was accepted.
+    text = "# CORS\n\n简介。\n\n## 使用 `CORSMiddleware` { #use-corsmiddleware }\n\n这样用。\n\n## 其他\n\n别的。\n"
+    for asked in ("使用 `CORSMiddleware`", "## 使用 `CORSMiddleware` { #use-corsmiddleware }", "使用 CORSMiddleware"):
+        part = kindex.markdown.section(text, asked)
+        assert part is not None and part.endswith("这样用。") and "别的" not in part, asked
+    assert kindex.markdown.section(text, "无此标题") is None

@@ -291,6 +291,11 @@ def test_missing_kb_and_bad_step_targets_raise_clear_errors(tmp_path: Path, kb: 
         s.theme_doc("billing", "billing/deep/er/发票.md")  # what a newcomer types first
     with pytest.raises(PathNotInThemeError, match=re.escape("(documents here: deep/er/发票.md, …)")):
         s.theme_doc("billing", "deep/发票.md")
+    # A newcomer's `kindex doc KB billing gone.md` after deleting it was told only to give a scanned path.
+    with pytest.raises(
+        PathNotInThemeError, match=re.escape("goes with a sub step on the theme (`kindex sub KB billing`)")
+    ):
+        s.theme_doc("billing", "gone.md")
 
 
 def test_preview_reports_the_spec_fields(kb: Path) -> None:

@@ -310,12 +310,19 @@ def preview(kb: str, as_json: bool, model: str | None) -> None:
     gen = f"model {p.model}" if p.llm_configured else "extractive (offline, no model configured)"
     click.echo(f"generator: {gen}")
     est = d["estimated_tokens"]
-    apart = est["calls"] - p.steps_total
-    each = f" (the root's {apart} documents one call each: more than fit one root answer)" if apart else ""
+    apart = est["calls"] - p.steps_total  # -1 when there is no root call (nothing to describe)
+    each = f" (the root's {apart} documents one call each: more than fit one root answer)" if apart > 0 else ""
     click.echo(
         f"a full model run: {est['calls']} calls{each}, ~{est['prompt']:,} prompt + ~{est['completion']:,} answer "
         "tokens"
     )
+    if not d["root_docs"] and not d["top_dir_docs"]:
+        # As reindex says it: an empty plan with no word why looked like a KB that needs nothing.
+        click.echo(
+            "kindex: note: no Markdown document found (only .md files are indexed): is this the folder that holds "
+            "your documents?",
+            err=True,
+        )
     for label, rows in (("skipped", d["skipped"]), ("warnings", d["warnings"])):
         if rows:
             click.echo(f"{label} ({len(rows)}):")
