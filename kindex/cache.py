@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from kindex.errors import KBNotFoundError, StorageError
+from kindex.errors import KBNotFoundError, KindexError, StorageError
 from kindex.files import regular_file
 from kindex.store import STATE_DIR
 
@@ -177,7 +177,7 @@ class Cache:
         try:
             row = self._connect().execute("SELECT key, value FROM derived WHERE label = ?", (label,)).fetchone()
             obj = orjson.loads(row[1]) if row is not None and row[0] == key else None
-        except (sqlite3.DatabaseError, StorageError, orjson.JSONDecodeError):
+        except (sqlite3.DatabaseError, KindexError, orjson.JSONDecodeError):
             return None
         return obj if isinstance(obj, dict) else None
 
@@ -209,7 +209,7 @@ class Cache:
                 if live is not None:
                     gone = [(label,) for (label,) in db.execute("SELECT label FROM derived") if label not in live]
                     db.executemany("DELETE FROM derived WHERE label = ?", gone)
-        except (sqlite3.DatabaseError, StorageError):
+        except (sqlite3.DatabaseError, KindexError):  # a full disk, a KB removed meanwhile: the step says its own
             return
 
     def _space(self) -> str:

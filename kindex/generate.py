@@ -587,11 +587,7 @@ class _Runner:
         offline = self.generator.offline
         apart = root_docs_apart(s) if not offline else ()
         in_answer = s.root_docs if not apart else ()
-        # Root documents are overviews: only their author makes one conditional, with the globs it has now.
-        doc_defaults = {
-            d.path_in_theme: self._fallback_doc(d, previous).model_copy(update={"paths": tuple(d.signals.paths)})
-            for d in in_answer
-        }
+        doc_defaults = {d.path_in_theme: self._fallback_doc(d, previous) for d in in_answer}
         answer = None
         # An empty KB's root index is empty; a model is asked only when the root answer has something to describe.
         if (s.themes or s.root_docs) if offline else root_answer_needed(s):
@@ -652,11 +648,13 @@ class _Runner:
             self.report.notes.append(f"removed {theme.dir}/{INDEX_FILE}: the folder holds no document any more")
 
     def _fallback_doc(self, d: ScannedDoc, previous: Index) -> DocItem:
-        """The previous entry of ``d`` if the index has one, else an extractive entry: it stays navigable."""
+        """The previous entry of ``d`` if the index has one, else an extractive entry: it stays navigable. A root
+        document's globs are its author's as they are now: root documents are overviews, which only their author
+        makes conditional (the previous entry's kept a page hidden from every chat after its globs were removed)."""
         old = previous.document(d.path_in_theme)
-        if old is not None:
-            return old
-        return doc_item_from(extractive.describe_doc(d, self.scan.read_text(d)), d.path_in_theme)
+        if old is None:
+            return doc_item_from(extractive.describe_doc(d, self.scan.read_text(d)), d.path_in_theme)
+        return old if d.theme is not None else old.model_copy(update={"paths": tuple(d.signals.paths)})
 
     # -- documents and themes ---------------------------------------------------------------------------------
 

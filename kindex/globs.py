@@ -238,8 +238,9 @@ class Compiled:
 
 class Scope:
     """The paths a question is asked about, normalised once, and which globs match one of them, each glob looked
-    at once: entries often share their globs (``**/*.ts`` on every rule of a front-end folder), and a question
-    with 100 paths over 1,445 entries of 16 globs each took 2.6 s matching every entry's globs afresh."""
+    at once: entries often share their globs (``**/*.ts`` on every rule of a front-end folder), and matching every
+    entry's globs afresh took 198 ms for a question of 100 paths over 1,444 entries of 16 globs drawn from 40 (10.5
+    ms this way). Entries whose globs all differ cost what they did."""
 
     def __init__(self, paths: Iterable[str], compiled: Compiled | None = None) -> None:
         self.usable = [p for p in (normalize_path(p) for p in paths) if _usable_path(p)]

@@ -548,6 +548,7 @@ def build(
     when the analyzer changes or no previous index is given. An unchanged document's names are in ``previous``'s
     vocabulary already: only the changed ones' are looked at, so one edited document costs its own analysis.
     """
+    digests = digests or ("",) * len(signature)
     old_links: tuple[DocLinks, ...] = ()
     if previous is not None:
         try:
@@ -565,7 +566,7 @@ def build(
     if previous is not None and tuple(themes) == previous.themes and kept == list(range(len(old_docs))):
         # Nothing the tables are made of changed (a no-op reindex, an index file written again as it was):
         # building them again merged every table and re-derived every anchor (2.5 s at 20,000 documents).
-        return replace(previous, signature=signature, digests=digests or ("",) * len(signature))
+        return replace(previous, signature=signature, digests=digests)
     names: list[str] = []
     for t in themes:
         names.extend((t.item.title, *t.item.tags))
@@ -641,7 +642,6 @@ def build(
     if previous is not None and previous.vocab == vocab:  # its theme terms were cut with the same vocabulary
         known = dict(zip(previous.themes, previous.theme_terms, strict=True))
     theme_terms = tuple(known.get(t) or _theme_terms(t, vocab) for t in themes)
-    digests = digests or ("",) * len(signature)
     return SearchIndex(
         tuple(records), tuple(themes), vocab, fields, lengths, signature, digests, theme_terms, Links(tuple(doc_links))
     )

@@ -411,12 +411,22 @@ def test_an_entry_made_from_a_document_changing_under_the_run_is_not_kept(sample
     assert "billing/退款政策.md" in derived
 
 
-def test_offline_entries_not_kept_fail_no_step(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("method", "fault"),
+    [
+        ("_open", sqlite3.OperationalError("database or disk is full")),
+        ("_connect", kindex.KBNotFoundError("the knowledge folder disappeared during the run")),
+    ],
+    ids=["full disk", "folder gone"],
+)
+def test_offline_entries_not_kept_fail_no_step(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch, method: str, fault: Exception
+) -> None:
     # A memo, not money spent: a full disk when writing it must not fail a step whose index files are written.
-    def full(self: Any) -> Any:
-        raise sqlite3.OperationalError("database or disk is full")
+    def failing(self: Any) -> Any:
+        raise fault
 
-    monkeypatch.setattr(kindex.cache.Cache, "_open", full)
+    monkeypatch.setattr(kindex.cache.Cache, method, failing)
     report = kindex.reindex(sample_kb)
     assert report.ok and len(report.written) == 5
     assert not (sample_kb / STATE_DIR / "answers.sqlite").exists()
@@ -529,3 +539,24 @@ def test_a_page_whose_title_and_text_say_nothing_is_titled_by_its_file_name(samp
     report = kindex.reindex(sample_kb)
     entry = next(d for d in _index(sample_kb)["billing/index.json"]["documents"] if d["path"] == "退款政策.md")
     assert report.failures == () and entry["title"] == entry["summary"] == "退款政策"
+
+
+def test_a_root_document_described_apart_keeps_no_globs_its_author_removed(tmp_path: Path) -> None:
+    # Past 12 root documents each has a call of its own; one whose call failed kept its previous entry, globs and
+    # all: removed from its frontmatter, they still hid it from every chat but those about such files.
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    for i in range(13):
+        (kb / f"note{i}.md").write_text(f"# 笔记{i}\n\n第{i}篇笔记的内容。\n", encoding="utf-8")
+    rule = kb / "note0.md"
+    rule.write_text('---\npaths: ["web/*.ts"]\n---\n# 前端规则\n\n.ts 文件的写法。\n', encoding="utf-8")
+    client = FakeClient()
+    kindex.reindex(kb, client_options(client))
+    entry = next(d for d in orjson.loads((kb / "index.json").read_bytes())["documents"] if d["path"] == "note0.md")
+    assert entry["paths"] == ["web/*.ts"]
+    rule.write_text("# 前端规则\n\n.ts 文件的写法，对所有页面都适用。\n", encoding="utf-8")
+    client.by_path["note0.md"] = lambda call: call_error()
+    report = kindex.reindex(kb, client_options(client))
+    assert [f.path for f in report.failures] == ["note0.md"]
+    entry = next(d for d in orjson.loads((kb / "index.json").read_bytes())["documents"] if d["path"] == "note0.md")
+    assert not entry.get("paths") and entry["title"] == "标题 note0.md"  # the previous entry, without its globs
