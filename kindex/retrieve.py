@@ -48,6 +48,7 @@ from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGE
 from kindex.errors import UsageError
 from kindex.files import regular_file
 from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
+from kindex.gcpause import collector_paused
 from kindex.globs import (
     MAX_COMPILED_EXPANSIONS,
     MAX_PATH_CHARS,
@@ -333,6 +334,7 @@ def _warnings(stale: bool, problems: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+@collector_paused()
 def _load(kb: Path, last: SearchIndex | None = None) -> _Loaded:
     """The tables of ``kb``: the saved ones while they match the index files, else built in memory from the
     documents that changed since ``last`` (the tables this process loaded before) or since the saved ones."""

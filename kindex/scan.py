@@ -35,6 +35,7 @@ from kindex.errors import (
     UsageError,
 )
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
+from kindex.gcpause import collector_paused
 from kindex.globs import Compiled, any_match, normalize_path, split_globs
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
 from kindex.records import GLOBS_MAX, INDEX_FILE, clean_globs, clean_tags, clean_text
@@ -210,6 +211,7 @@ def kb_folder(kb: str | os.PathLike[str], holds: str = "your Markdown files") ->
     return root.resolve()
 
 
+@collector_paused()
 def scan(
     kb: str | os.PathLike[str],
     *,

@@ -47,6 +47,7 @@ import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KindexError
+from kindex.gcpause import collector_paused
 from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
@@ -761,6 +762,7 @@ def saving(kb: Path) -> Iterator[None]:
             done.set()
 
 
+@collector_paused()
 def update(kb: Path, scan: Scan) -> int:
     """Bring the saved search index of ``kb`` up to date with its index files and documents; how many documents
     were read and analysed afresh (new, or their entry, headings or content changed).
@@ -798,6 +800,7 @@ def _update(kb: Path, scan: Scan) -> int:
     return fresh
 
 
+@collector_paused()
 def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) -> SearchIndex:
     """A search index built in memory from the index files and the documents as they are on disk.
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,13 @@ import kindex.retrieve
 from kindex import searchindex
 from kindex.analysis import analyze, vocabulary
 from kindex.cli import main
+from kindex.gcpause import collector_paused
 from kindex.globs import glob_matches, usable_glob
 from kindex.kb import clear_cache
 from kindex.records import QUESTIONS_MAX, doc_item_from
 from kindex.scan import scan
+
+SCAN = importlib.import_module("kindex.scan")
 
 
 @pytest.fixture
@@ -777,3 +783,68 @@ def test_an_edit_that_changes_no_link_derives_no_anchor_again(
     kindex.root(kb)
     assert derived == [3]
     assert next(i.path for i in kindex.search(kb, "速率控制", min_relevance=0.0)) == "plugins/limit-req.md"
+
+
+def test_the_cycle_collector_waits_while_tables_are_built_and_comes_back(
+    indexed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 20,000 documents the collector's walks over the objects a scan, a table update and a load keep alive were
+    1.5-2 s of a 5-7 s doc step: it is held off there, and back on afterwards."""
+    seen: dict[str, bool] = {}
+    real_update, real_walk = searchindex._update, SCAN.walk
+
+    def update(kb: Path, s: Any) -> int:
+        seen["update"] = gc.isenabled()
+        return real_update(kb, s)
+
+    def walk(*args: Any, **kwargs: Any) -> Any:
+        seen["scan"] = gc.isenabled()
+        return real_walk(*args, **kwargs)
+
+    monkeypatch.setattr(searchindex, "_update", update)
+    monkeypatch.setattr(SCAN, "walk", walk)
+    (indexed / "billing" / "refund.md").write_text("# 退款\n\n退款三天到账。\n", encoding="utf-8")
+    kindex.doc(indexed, "billing", "refund.md")
+    real_load = searchindex.load  # what kindex.retrieve imported
+
+    def load(kb: Path) -> Any:
+        seen["load"] = gc.isenabled()
+        return real_load(kb)
+
+    monkeypatch.setattr(kindex.retrieve, "load", load)
+    clear_cache()
+    kindex.build_context(indexed, "退款多久到账")
+    assert seen == {"scan": False, "update": False, "load": False}
+    assert gc.isenabled()
+
+
+def test_a_pause_of_the_collector_nests_and_keeps_a_host_s_choice() -> None:
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    # Two threads overlapping: the collector comes back when the last is done, not when the first is.
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with collector_paused():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert inside.wait(10)
+    with collector_paused():
+        pass
+    assert not gc.isenabled()
+    release.set()
+    t.join(10)
+    assert gc.isenabled()
+    gc.disable()  # a host application that turned it off keeps it off
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

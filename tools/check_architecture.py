@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "kindex.hosts",
         "kindex.jsonlog",
         "kindex.files",
+        "kindex.gcpause",
     ],
     ["kindex.records", "kindex.results"],
     [
