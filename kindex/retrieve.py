@@ -1409,8 +1409,10 @@ def _overview_hit() -> _Hit:
 
 
 def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: list[_Hit]) -> list[_Hit]:
-    """The named overview documents that can be served; else the root README/index page; else the root index. Only
-    documents of the index serve: what the scan left out (``exclude``, hidden, too large) is never handed over."""
+    """The named overview documents that can be served; else the root README/index page, then the root index's
+    overview; else that overview alone. Only documents of the index serve: what the scan left out (``exclude``,
+    hidden, too large) is never handed over. A README is most often a project's home page (badges, a pitch,
+    sponsors) that names none of the KB's topics: the overview after it tells the agent what the KB holds."""
     seen = {h.path for h in taken}
     out: list[_Hit] = []
     for name in names:
@@ -1430,7 +1432,7 @@ def _fallback_hits(root: Path, loaded: _Loaded, names: Sequence[str], taken: lis
         idx = loaded.by_path.get(name, -1)
         if idx >= 0 and name not in seen and (read := _readable(root, name)) is not None:
             entry = loaded.index.docs[idx].entry
-            return [_Hit(idx, name, "document", entry, 0.0, "fallback", read, OVERVIEW_PAGE_TOKENS)]
+            return [_Hit(idx, name, "document", entry, 0.0, "fallback", read, OVERVIEW_PAGE_TOKENS), _overview_hit()]
     return [_overview_hit()]
 
 

@@ -834,7 +834,7 @@ def test_an_empty_overview_document_is_passed_over_for_one_that_says_something(t
     kindex.reindex(kb)
 
     ctx = kindex.build_context(kb, "今天天气怎么样")
-    assert [i.path for i in ctx.items] == ["README.md"] and "covers refunds" in ctx.text
+    assert [i.path for i in ctx.items] == ["README.md", "index.json"] and "covers refunds" in ctx.text
 
     (kb / "README.md").write_text("\u200b\n\u00a0\n\ufeff\u2060", encoding="utf-8")  # only what no one sees
     ctx = kindex.build_context(kb, "今天天气怎么样")
@@ -1127,9 +1127,14 @@ def test_a_home_page_standing_in_for_the_overview_serves_its_head_only(tmp_path:
     (kb / "t" / "refund.md").write_text("# 退款\n\n退款政策说明。\n", encoding="utf-8")
     kindex.reindex(kb)
     ctx = kindex.build_context(kb, "你好", budget_tokens=6000)
-    assert [(i.path, i.truncated) for i in ctx.items] == [("index.md", True)]
+    assert [(i.path, i.truncated) for i in ctx.items] == [("index.md", True), ("index.json", False)]
     assert 1000 < ctx.items[0].tokens <= kindex.retrieve.OVERVIEW_PAGE_TOKENS  # cut at a section or paragraph
     assert "What this documentation covers" in ctx.text
+    # A home page names none of the KB's topics: the root index's overview after it does.
+    assert ctx.text.index("- t (t/): ") > ctx.text.index("What this documentation covers")
+    # With room for one document, the page alone; with room for its head only, that head.
+    assert [i.path for i in kindex.build_context(kb, "你好", max_docs=1).items] == ["index.md"]
+    assert [i.path for i in kindex.build_context(kb, "你好", budget_tokens=300).items] == ["index.md"]
     # An overview document the KB names is one: served as the budget allows.
     (kb / "导读.md").write_text(page, encoding="utf-8")
     kindex.root(kb)  # a document of the index: what the scan left out never serves

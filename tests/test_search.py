@@ -245,7 +245,8 @@ def test_without_the_named_overview_the_readme_then_the_root_index_serves(indexe
     assert [i.path for i in ctx.items] == ["index.json"]  # a page the index does not hold yet serves from its step
     kindex.root(indexed)
     ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["nope.md"])
-    assert [i.path for i in ctx.items] == ["README.md"] and "从这里开始" in ctx.text
+    assert [i.path for i in ctx.items] == ["README.md", "index.json"] and "从这里开始" in ctx.text
+    assert "billing/" in ctx.text  # what the KB holds, after the page
 
 
 def test_questions_are_an_optional_bounded_field_indexed_for_search(indexed: Path) -> None:

@@ -93,7 +93,7 @@ _BOMS = (
     multiple=True,
     metavar="DOC",
     help="Overview document for off-topic messages (repeatable; default 导读.md, 00-总则与功能导航.md, then the "
-    "KB's README.md/index.md, then an overview of the root index) [env KINDEX_FALLBACK_DOCS, kindex.toml].",
+    "KB's README.md/index.md, followed by an overview of the root index) [env KINDEX_FALLBACK_DOCS, kindex.toml].",
 )
 @json_opt
 def context(
