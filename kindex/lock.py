@@ -1,4 +1,5 @@
-"""One writer per KB (SPEC §5): an OS file lock under ``<kb>/.kindex/``, with the holder named for humans."""
+"""One writer per KB (SPEC §5), and one watch: OS file locks under ``<kb>/.kindex/``, with the holder named for
+humans."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from kindex.store import STATE_DIR, atomic_write
 
 LOCK_FILE = "write.lock"
 HOLDER_FILE = "write.holder.json"
+WATCH_LOCK_FILE = "watch.lock"
+WATCH_HOLDER_FILE = "watch.holder.json"
 
 
 _held = threading.local()
@@ -76,6 +79,81 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
         finally:
             held[kb][0] -= 1
         return
+    state = _state_folder(kb)
+    lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
+    deadline = time.monotonic() + wait
+    waited = False
+    while True:
+        if cancel is not None and cancel.is_set():
+            # Cancelled during the scan before the lock, with no other writer: "waiting for another" was untrue.
+            during = "while waiting for another writer" if waited else "before it started"
+            raise CancelledRun(f"the run was cancelled {during}; nothing was written")
+        try:
+            lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait)))
+            break
+        except filelock.Timeout:
+            waited = True
+            if time.monotonic() >= deadline:
+                raise BusyError(
+                    f"another kindex run is writing {kb} ({_holder(state, HOLDER_FILE)}); wait for it to finish, or "
+                    "pass --wait SECONDS"
+                ) from None
+        except OSError as exc:  # a folder, a link loop or a device in place of the lock file
+            raise _lock_error(kb, state / LOCK_FILE, exc, "writer lock") from None
+    try:
+        st = os.stat(state / LOCK_FILE)
+        mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino))
+        held[kb] = [1, mine]
+        _write_holder(state / HOLDER_FILE, what)
+        yield mine
+    finally:
+        held.pop(kb, None)
+        _drop_holder(state / HOLDER_FILE)
+        lock.release()
+
+
+class WatchLock:
+    """A KB's watch lock, held from :func:`watch_lock` until :meth:`release` (from any thread)."""
+
+    def __init__(self, lock: filelock.FileLock, holder: Path) -> None:
+        self._lock = lock
+        self._holder = holder
+
+    def release(self) -> None:
+        """Let another watch start; releasing twice does nothing."""
+        if self._lock.is_locked:
+            _drop_holder(self._holder)
+            self._lock.release()
+
+
+def watch_lock(kb: Path, what: str = "watch") -> WatchLock:
+    """Take the KB's watch lock at once, or :class:`BusyError` naming the watch that holds it.
+
+    Two watches of one folder (two terminals, a ``kindex watch`` beside the service watching the same agent) saw
+    every change twice: the second waited for the first's writer lock in silence, then did each step again. Like
+    the writer lock, it is the kernel's: a watch that dies holds nothing.
+    """
+    state = _state_folder(kb)
+    lock = filelock.FileLock(str(state / WATCH_LOCK_FILE), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise BusyError(
+            f"{kb} is watched already ({_holder(state, WATCH_HOLDER_FILE)}): that watch keeps its index current; "
+            "stop it first to watch from here"
+        ) from None
+    except OSError as exc:
+        raise _lock_error(kb, state / WATCH_LOCK_FILE, exc, "watch lock") from None
+    try:
+        _write_holder(state / WATCH_HOLDER_FILE, what)
+    except BaseException:
+        lock.release()
+        raise
+    return WatchLock(lock, state / WATCH_HOLDER_FILE)
+
+
+def _state_folder(kb: Path) -> Path:
+    """``<kb>/.kindex``, made when missing; :class:`StorageError` when it cannot be (read-only, a file, a link)."""
     state = kb / STATE_DIR
     if state.is_symlink():  # writing through it would put the caches, excerpts and tables outside the KB
         raise StorageError(
@@ -92,51 +170,35 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
         raise StorageError(
             f"{STATE_DIR} in {kb} is {what_is}: remove or rename it (it holds only kindex's caches)"
         ) from None
-    lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
-    deadline = time.monotonic() + wait
-    waited = False
-    while True:
-        if cancel is not None and cancel.is_set():
-            # Cancelled during the scan before the lock, with no other writer: "waiting for another" was untrue.
-            during = "while waiting for another writer" if waited else "before it started"
-            raise CancelledRun(f"the run was cancelled {during}; nothing was written")
-        try:
-            lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait)))
-            break
-        except filelock.Timeout:
-            waited = True
-            if time.monotonic() >= deadline:
-                raise BusyError(
-                    f"another kindex run is writing {kb} ({_holder(state)}); wait for it to finish, or pass --wait "
-                    "SECONDS"
-                ) from None
-        except OSError as exc:  # a folder, a link loop or a device in place of the lock file
-            if exc.errno in _NOT_WRITABLE:
-                raise StorageError(_not_writable(kb, exc)) from None
-            raise StorageError(
-                f"cannot take the writer lock {state / LOCK_FILE}: {exc.strerror or exc}: remove it and run again"
-            ) from None
-    try:
-        st = os.stat(state / LOCK_FILE)
-        mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino))
-        held[kb] = [1, mine]
-        holder = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "what": what,
-            "since": time.time(),
-            "process": _process(),
-        }
-        atomic_write(state / HOLDER_FILE, orjson.dumps(holder))
-        yield mine
-    finally:
-        held.pop(kb, None)
-        # The holder record goes before the lock: a run refused after this one ends must not be told of it (one
-        # refused between the next holder's lock and its record is told the holder is starting: see _holder).
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, InvalidFileError):
-            if orjson.loads(read_regular(state / HOLDER_FILE, 64 * 1024))["pid"] == os.getpid():
-                os.unlink(state / HOLDER_FILE)
-        lock.release()
+    return state
+
+
+def _lock_error(kb: Path, path: Path, exc: OSError, name: str) -> StorageError:
+    """What an ``OSError`` taking a lock file means: a read-only folder, or something else in the file's place (a
+    folder, a link loop, a device)."""
+    if exc.errno in _NOT_WRITABLE:
+        return StorageError(_not_writable(kb, exc))
+    return StorageError(f"cannot take the {name} {path}: {exc.strerror or exc}: remove it and run again")
+
+
+def _write_holder(path: Path, what: str) -> None:
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "what": what,
+        "since": time.time(),
+        "process": _process(),
+    }
+    atomic_write(path, orjson.dumps(holder))
+
+
+def _drop_holder(path: Path) -> None:
+    """Remove this process's holder record. It goes before the lock: a run refused after this one ends must not be
+    told of it (one refused between the next holder's lock and its record is told the holder is starting: see
+    :func:`_holder`)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, InvalidFileError):
+        if orjson.loads(read_regular(path, 64 * 1024))["pid"] == os.getpid():
+            os.unlink(path)
 
 
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -151,9 +213,9 @@ def _not_writable(kb: Path, exc: OSError) -> str:
     )
 
 
-def _holder(state: Path) -> str:
+def _holder(state: Path, name: str) -> str:
     try:
-        info = orjson.loads(read_regular(state / HOLDER_FILE, 64 * 1024))
+        info = orjson.loads(read_regular(state / name, 64 * 1024))
         since = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
         if info["host"] == socket.gethostname() and not _alive(int(info["pid"])):
             return "a run that is just starting"  # the record is an ended run's, not yet replaced
@@ -164,7 +226,7 @@ def _holder(state: Path) -> str:
             return f"a {info['what']} step of `{process}`, pid {info['pid']} on {info['host']}, since {since}"
         return f"`kindex {info['what']}`, pid {info['pid']} on {info['host']}, since {since}"
     except (OSError, ValueError, KeyError, TypeError, InvalidFileError):
-        return "a run that is just starting" if not (state / HOLDER_FILE).exists() else "holder unknown"
+        return "a run that is just starting" if not (state / name).exists() else "holder unknown"
 
 
 def _process() -> str:

@@ -26,6 +26,7 @@ from kindex.errors import BusyError, CancelledRun, InterruptedRun, KindexError, 
 from kindex.files import identity, walk
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
+from kindex.lock import WatchLock, watch_lock
 from kindex.records import INDEX_FILE
 from kindex.results import RunReport
 from kindex.scan import scan
@@ -256,9 +257,17 @@ class Watcher:
         self._retry_at = resume.due if resume else 0.0
         self._tries = resume.tries if resume else 0
         """Attempts at the pending batch since its first failure, a new change joining it included."""
+        self._lock: WatchLock | None = None
 
     def stop(self) -> None:
         self.stopped.set()
+
+    def claim(self) -> None:
+        """Take the KB's watch lock now (:class:`BusyError` when another watch holds it, in this process or any
+        other) rather than when :meth:`run` starts: a caller that runs it on a thread can refuse at once. Held until
+        :meth:`run` ends."""
+        if self._lock is None:
+            self._lock = watch_lock(self.kb.path)
 
     @property
     def pending(self) -> Pending | None:
@@ -268,10 +277,21 @@ class Watcher:
     def run(self) -> None:
         """Watch until stopped (or until the folder itself is gone). Each batch is handled before the next is
         gathered; failures are reported through ``on_update``, not raised, except an interrupted step
-        (:class:`InterruptedRun`, Ctrl-C), which ends the watch, and a folder that is a theme of the KB above it
-        (:class:`ThemeFolderError` before anything is watched: no step could ever succeed there)."""
+        (:class:`InterruptedRun`, Ctrl-C), which ends the watch, a folder that is a theme of the KB above it
+        (:class:`ThemeFolderError` before anything is watched: no step could ever succeed there), and another
+        watch of the folder (:class:`BusyError`, see :meth:`claim`) or one that cannot be written
+        (:class:`StorageError`)."""
         root = self.kb.path
         refuse_theme_folder(root)
+        self.claim()
+        try:
+            self._run(root)
+        finally:
+            assert self._lock is not None
+            self._lock.release()
+            self._lock = None
+
+    def _run(self, root: Path) -> None:
         try:
             scan(root)
         except KindexError as exc:  # a broken kindex.toml: said, and watched until it is fixed

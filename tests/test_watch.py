@@ -18,12 +18,15 @@ from typing import Any
 import orjson
 import pytest
 import watchfiles
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import kindex
 import kindex.cache
 import kindex.store
 import kindex.watch
+from kindex.cli import main
+from kindex.lock import watch_lock
 from kindex.server import create_app
 from kindex.server.state import AgentWatch
 from kindex.watch import RETRY_LIMIT, Batch, Update, Watcher
@@ -181,6 +184,35 @@ def test_the_service_watches_an_agent_on_request(sample_kb: Path, recorded: queu
         assert http.get(f"/v1/agents/{agent}/knowledge/watch").json() == off.json()
         assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["updates"] == 0  # a new watch, counted anew
         http.delete(f"/v1/agents/{agent}/knowledge/watch")
+
+
+def test_a_second_watch_of_one_folder_is_refused_naming_the_first(
+    watching: tuple[Running, FakeClient], sample_kb: Path
+) -> None:
+    # Two watches of one folder started without a word: the second waited for the first's writer lock, then did
+    # every step again.
+    running, client = watching
+    second = Watcher(kindex.KnowledgeBase(sample_kb, client=client), lambda u: None)
+    with pytest.raises(kindex.BusyError, match=r"is watched already \(.*pid \d+ on .*\): that watch keeps"):
+        second.claim()
+    with pytest.raises(kindex.BusyError, match="is watched already"):
+        second.run()  # (before the change, it ran: the test would wait here)
+    result = CliRunner().invoke(main, ["watch", str(sample_kb), "--json"])
+    assert result.exit_code == 1 and orjson.loads(result.stdout)["error"]["code"] == "busy"
+    app = create_app(sample_kb.parent, client=client)
+    agent = sample_kb.name
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        busy = http.put(f"/v1/agents/{agent}/knowledge/watch")
+        assert busy.status_code == 409 and "is watched already" in busy.json()["error"]["message"]
+        assert agent not in app.state.kindex.watchers
+        running.watcher.stop()
+        running.thread.join(30)
+        # A watch that ended holds nothing: the service's starts, and a third is refused while it runs.
+        assert http.put(f"/v1/agents/{agent}/knowledge/watch").json()["watching"] is True
+        with pytest.raises(kindex.BusyError):
+            Watcher(kindex.KnowledgeBase(sample_kb, client=client), lambda u: None).claim()
+        http.delete(f"/v1/agents/{agent}/knowledge/watch")
+    watch_lock(sample_kb).release()  # the service's watch, stopped, holds nothing either
 
 
 def test_a_batch_pending_when_the_service_stops_watching_is_tried_when_it_starts_again(

@@ -93,8 +93,9 @@ class ServerState:
             # What a watcher stopped before left to try again is tried when due. No reindex at the start, unlike
             # the CLI's: the service's generator may not be the one that indexed the KB, and a PUT must not rewrite
             # it.
-            resume = self.left.pop(agent_id, None)
-            watcher = Watcher(kb, lambda u: holder[0].record(u), resume=resume)
+            watcher = Watcher(kb, lambda u: holder[0].record(u), resume=self.left.get(agent_id))
+            watcher.claim()  # a `kindex watch` of this folder elsewhere: 409 now, not a thread that dies
+            self.left.pop(agent_id, None)
 
             def run() -> None:
                 try:
