@@ -141,21 +141,33 @@ def questions_of(doc: ScannedDoc) -> list[str]:
     return out
 
 
+LANDING_PAGES = ("index.md", "readme.md", "_index.md", "overview.md")
+"""A folder's own page, by the names documentation sites give it (letter case aside), first found first: what the
+folder calls itself (FastAPI's ``advanced/index.md``: 高级用户指南; GreptimeDB's ``user-guide/overview.md``:
+用户指南)."""
+
+
 def describe_theme(dir_name: str, docs: Sequence[ScannedDoc]) -> dict[str, Any]:
-    """A theme entry listing what the folder holds, in the language of its documents."""
+    """A theme entry listing what the folder holds, in the language of its documents, titled as the folder's own
+    page (``LANDING_PAGES``) titles itself, else by the folder's name."""
     titles = [d.signals.title or (d.headings[0] if d.headings else d.rel.rsplit("/", 1)[-1]) for d in docs]
     chinese = is_cjk_text(" ".join(titles))
     shown = ("、" if chinese else ", ").join(titles[:8])
     more = len(titles) > 8
+    landing = {d.rel.removeprefix(dir_name + "/").casefold(): d for d in docs}
+    page = next((landing[n] for n in LANDING_PAGES if n in landing), None)
+    title = next((t for t in ((page.signals.title, *page.headings[:1]) if page else ()) if says(t)), dir_name)
+    named = dir_name if title == dir_name else f"{title}（{dir_name}/）" if chinese else f"{title} ({dir_name}/)"
     if chinese:
-        summary = f"{dir_name} 主题，共 {len(docs)} 篇文档：{shown}{' 等' if more else ''}。"
+        space = "" if named.endswith("）") else " "
+        summary = f"{named}{space}主题，共 {len(docs)} 篇文档：{shown}{' 等' if more else ''}。"
     else:
-        summary = f"{dir_name}: {len(docs)} documents: {shown}{', …' if more else ''}."
+        summary = f"{named}: {len(docs)} documents: {shown}{', …' if more else ''}."
     counts: Counter[str] = Counter()
     for d in docs:
         counts.update(t for t in d.signals.tags)
     tags = [t for t, _ in counts.most_common(_TAGS)] or titles[:_TAGS]
-    return {"title": dir_name, "summary": summary, "tags": tags}
+    return {"title": title, "summary": summary, "tags": tags}
 
 
 def _prose(text_lines: Sequence[Line]) -> str:

@@ -290,6 +290,26 @@ def test_extractive_tags_are_words_of_the_prose_not_of_urls_or_code(
     assert not not_tags & {t.casefold() for t in entry.tags}
 
 
+def test_an_offline_theme_entry_is_titled_as_the_folder_s_own_page_titles_itself(tmp_path: Path) -> None:
+    # FastAPI's themes were titled "advanced", "how-to": their index.md pages say 高级用户指南, 如何操作.
+    (tmp_path / "advanced" / "deep").mkdir(parents=True)
+    (tmp_path / "advanced" / "Index.md").write_text("# 高级用户指南 { #advanced }\n\n进阶内容。\n", encoding="utf-8")
+    (tmp_path / "advanced" / "代理.md").write_text("# 使用代理\n\n代理设置。\n", encoding="utf-8")
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "overview.md").write_text("---\ntitle: User guide\n---\n\n# Welcome\n", encoding="utf-8")
+    (tmp_path / "guide" / "setup.md").write_text("# Setup\n\nInstall it.\n", encoding="utf-8")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.md").write_text("# 笔记\n\n内容。\n", encoding="utf-8")
+    (tmp_path / "advanced" / "deep" / "index.md").write_text("# 更深的一层\n\n内容。\n", encoding="utf-8")
+    kindex.reindex(tmp_path)
+
+    themes = {t.dir: t for t in kindex.parse_index((tmp_path / "index.json").read_bytes())[0].themes}
+    assert themes["advanced"].title == "高级用户指南"  # its anchor dropped; a page deeper down names no folder
+    assert themes["advanced"].summary.startswith("高级用户指南（advanced/）主题，共 3 篇文档：")
+    assert themes["guide"].title == "User guide" and themes["guide"].summary.startswith("User guide (guide/): 2 ")
+    assert themes["notes"].title == "notes" and themes["notes"].summary.startswith("notes 主题，共 1 篇文档")
+
+
 def test_extractive_summaries_read_html_as_its_text_and_skip_style_blocks(tmp_path: Path) -> None:
     doc = tmp_path / "web" / "cli.md"
     doc.parent.mkdir(parents=True)
