@@ -55,6 +55,7 @@ from kindex.kb import (
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
 from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
+from kindex.retrieve import MAX_FALLBACK_DOCS, MAX_REQUEST_MESSAGE_CHARS, MAX_SEARCH_LIMIT
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
 from kindex.store import listed_theme_index, read_index_file
@@ -91,6 +92,10 @@ class ContextSources(_Output):
     tokens: int = Field(description="Estimated tokens of the text.")
     budget_tokens: int
     skills: tuple[SkillClosure, ...] = Field(description="In a skill library: the chosen skills and what they need.")
+    warnings: tuple[str, ...] = Field(
+        description="What the answer could not use (a broken kindex.toml, an index file that cannot be read, a "
+        "fallback document that cannot serve): fix it and ask again."
+    )
 
 
 class DocumentOutput(_Output):
@@ -136,6 +141,16 @@ class SkillOutput(_Output):
 
 Agent = Annotated[
     str, Field(description="The agent whose knowledge base to use: only when the server serves several (--kb-root).")
+]
+MinRelevance = Annotated[
+    float | None,
+    Field(
+        description="On topic when a document covers this share of the question's informative weight; 0: any match "
+        "is on topic (a long paste, a log). Default: the KB's setting.",
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+    ),
 ]
 
 
@@ -197,7 +212,9 @@ def _tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
 class _UnknownArguments:
     """Refuses a tool call that passes an argument the tool does not take, as the HTTP service refuses a misspelt
     body field: the SDK's argument models drop unknown keys, so ``read_document`` given ``section`` (for
-    ``section_heading``) returned the whole document, and a stdio server given ``agent`` answered from its one KB."""
+    ``section_heading``) returned the whole document, and a stdio server given ``agent`` answered from its one KB.
+    And gives an argument the SDK's models refuse (a budget out of bounds) the code the HTTP service gives it,
+    ``invalid_request``: the SDK's own error had no code."""
 
     def __init__(self, server: MCPServer, one_kb: bool) -> None:
         self.server = server
@@ -221,7 +238,31 @@ class _UnknownArguments:
                     said = [t for t in takes if not (self.one_kb and t == "agent")]
                     message = f"{name} takes no argument {unknown[0]!r}{hint}: it takes {', '.join(said)}"
                     return _error_result(UsageError(message))
+                return _coded(name, await call_next(ctx))
         return await call_next(ctx)
+
+
+_REFUSED = "Error executing tool {name}: "
+"""How the SDK's error text starts when a tool's arguments fail its model, or the tool raised past
+:func:`_tool_errors` (which a ``KindexError`` never does)."""
+
+
+def _coded(name: str, result: Any) -> Any:
+    """``result``, or when it is the SDK's uncoded refusal of the arguments (``N validation error(s) for
+    <name>Arguments``), that refusal as :func:`_error_result` of :class:`UsageError`: one line per argument,
+    ``budget_tokens: Input should be less than or equal to 200000``."""
+    if not (isinstance(result, dict) and result.get("isError") and "structuredContent" not in result):
+        return result
+    content = result.get("content")
+    text = content[0].get("text") if isinstance(content, list) and content and isinstance(content[0], dict) else None
+    start = _REFUSED.format(name=name)
+    if not isinstance(text, str) or not text.startswith(start) or f"for {name}Arguments" not in text[:300]:
+        return result
+    lines = text[len(start) :].splitlines()[1:]
+    said: list[str] = []
+    for field, why in zip(lines[::3], lines[1::3], strict=False):  # a field, its reason, the URL of the reason
+        said.append(f"{field.strip()}: {why.strip().partition(' [type=')[0]}")
+    return _error_result(UsageError(f"{name}: {'; '.join(said) or 'invalid arguments'}"))
 
 
 async def _one_kb_tools(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -295,21 +336,31 @@ def build_server(library: Library) -> MCPServer:
     @server.tool(title="Search the knowledge base")
     @_tool_errors
     def search(
-        question: Annotated[str, Field(description="What the user asks, in their words.", max_length=20_000)],
-        limit: Annotated[int, Field(description="Entries to return.", ge=1, le=50)] = 10,
+        question: Annotated[
+            str, Field(description="What the user asks, in their words.", max_length=MAX_REQUEST_MESSAGE_CHARS)
+        ],
+        limit: Annotated[int, Field(description="Entries to return.", ge=1, le=MAX_SEARCH_LIMIT)] = 10,
         paths: Annotated[
             tuple[str, ...], Field(description="Files the user is working on (for path-scoped entries).", max_length=50)
         ] = (),
+        min_relevance: MinRelevance = None,
         agent: Agent = "",
     ) -> Ranking:
         """Rank the knowledge base's documents for a question, without their text: path, title, summary, score
         and the words that matched. Empty with off_topic=true when the KB does not cover the question."""
-        return library.get(agent).ranking(question, paths=paths, limit=limit)
+        return library.get(agent).ranking(question, paths=paths, limit=limit, min_relevance=min_relevance)
 
     @server.tool(title="Get the context for a message")
     @_tool_errors
     def get_context(
-        message: Annotated[str, Field(description="The user's chat message.", max_length=20_000)],
+        message: Annotated[
+            str,
+            Field(
+                description="The user's chat message (of one over 20,000 characters, its first and last 10,000 are "
+                "used).",
+                max_length=MAX_REQUEST_MESSAGE_CHARS,
+            ),
+        ],
         budget_tokens: Annotated[
             int | None,
             Field(
@@ -320,11 +371,26 @@ def build_server(library: Library) -> MCPServer:
             int | None, Field(description="At most this many documents.", ge=1, le=MAX_DOCS_LIMIT)
         ] = None,
         paths: Annotated[tuple[str, ...], Field(description="Files the user is working on.", max_length=50)] = (),
+        min_relevance: MinRelevance = None,
+        fallback_docs: Annotated[
+            tuple[Annotated[str, Field(min_length=1, max_length=1024)], ...] | None,
+            Field(
+                description="Overview documents for off-topic messages (KB-relative); default: the KB's setting.",
+                max_length=MAX_FALLBACK_DOCS,
+            ),
+        ] = None,
         agent: Agent = "",
     ) -> Annotated[types.CallToolResult, ContextSources]:
         """The documents a chat message is about, as prompt-ready text under headers naming each source, within
         a token budget. When no document matches, the KB's overview (fallback=true, with the reason)."""
-        ctx = library.get(agent).context(message, paths=paths, budget_tokens=budget_tokens, max_docs=max_docs)
+        ctx = library.get(agent).context(
+            message,
+            paths=paths,
+            budget_tokens=budget_tokens,
+            max_docs=max_docs,
+            min_relevance=min_relevance,
+            fallback_docs=fallback_docs,
+        )
         sources = ContextSources.model_construct(**{k: getattr(ctx, k) for k in ContextSources.model_fields})
         return _text_and_record(ctx.text, sources)
 

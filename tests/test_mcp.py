@@ -131,7 +131,10 @@ def test_hostile_arguments_are_tool_errors_and_nothing_outside_the_index_is_read
             missing = await c.call_tool("read_document", {"path": "billing/退款政策.md", "section_heading": "无此标题"})
             assert error_code(missing) == "not_found" and "its headings:" in text_of(missing.content[0])
             huge = await c.call_tool("get_context", {"message": "退款", "budget_tokens": 10**9})
-            assert huge.is_error and "budget_tokens" in text_of(huge.content[0])  # refused by the input schema
+            # Refused by the input schema, with the HTTP service's code (the SDK's own error had none).
+            assert error_code(huge) == "invalid_request" and "budget_tokens: Input should be less" in text_of(
+                huge.content[0]
+            )
             assert error_code(await c.call_tool("find_skills", {"task": "pdf"})) == "not_found"
 
     anyio.run(session)
@@ -411,3 +414,56 @@ def test_a_server_of_one_kb_lists_no_agent_argument(indexed: Path, library: Path
     assert set(one) == set(several) == TOOLS
     assert all("agent" not in props for props in one.values()), one
     assert all("agent" in props and props - {"agent"} == one[name] for name, props in several.items())
+
+
+def test_get_context_answers_as_the_library_does_its_warnings_long_pastes_and_options_included(indexed: Path) -> None:
+    # A differential campaign: the tool left out `warnings` (a broken kindex.toml was never said to the agent),
+    # refused messages over 20,000 characters the library answers from their start and end, and took neither
+    # min_relevance nor fallback_docs.
+    (indexed / "kindex.toml").write_text("[retrieval\nbudget_tokens = 300\n", encoding="utf-8")
+    paste = "退款多久到账？\n" + "日志行 error at line 42\n" * 1_500
+    assert len(paste) > 20_000
+    server = build_server(Library(kb=indexed))
+
+    async def session() -> None:
+        async with Client(server) as c:
+            cases: tuple[dict[str, Any], ...] = (
+                {"message": "退款多久到账"},
+                {"message": paste, "min_relevance": 0},
+                {"message": "讲个笑话", "fallback_docs": ["00-总则与功能导航.md"], "budget_tokens": 300},
+            )
+            for args in cases:
+                got = await c.call_tool("get_context", args)
+                assert not got.is_error, got
+                mine = kindex.build_context(
+                    indexed,
+                    args["message"],
+                    min_relevance=args.get("min_relevance"),
+                    fallback_docs=args.get("fallback_docs"),
+                    budget_tokens=args.get("budget_tokens"),
+                )
+                body = got.structured_content
+                assert text_of(got.content[0]) == mine.text
+                assert [i["path"] for i in body["items"]] == [i.path for i in mine.items]
+                assert tuple(body["warnings"]) == mine.warnings and any("kindex.toml" in w for w in mine.warnings)
+            named = await c.call_tool("get_context", {"message": "讲个笑话", "fallback_docs": ["00-总则与功能导航.md"]})
+            assert named.structured_content["items"][0]["path"] == "00-总则与功能导航.md"
+            sizes = []
+            for question, relevance in ((paste, 0), ("开发票 量子计算机 芯片", 0), ("开发票 量子计算机 芯片", 0.9)):
+                found = await c.call_tool("search", {"question": question, "min_relevance": relevance})
+                mine_found = kindex.search(indexed, question, min_relevance=relevance)
+                assert [r["path"] for r in found.structured_content["results"]] == [h.path for h in mine_found]
+                sizes.append(len(mine_found))
+            assert sizes[0] > 0 and sizes[1] > 0 and sizes[2] == 0  # the argument counts
+            # The bounds the HTTP service and kindex.toml have: 200 entries, 50 overview documents.
+            many = await c.call_tool("search", {"question": "退款", "limit": 200, "min_relevance": 0})
+            assert not many.is_error and many.structured_content["results"]  # (it was refused over 50)
+            named_many = {"message": "讲个笑话", "fallback_docs": [f"n{i}.md" for i in range(49)] + ["导读.md"]}
+            assert (await c.call_tool("get_context", named_many)).structured_content["items"][0]["path"] == "导读.md"
+            bad = await c.call_tool("get_context", {"message": "退款", "min_relevance": 2})
+            assert error_code(bad) == "invalid_request"
+            assert bad.structured_content["error"]["message"] == (
+                "get_context: min_relevance: Input should be less than or equal to 1"
+            )
+
+    anyio.run(session)

@@ -92,6 +92,50 @@ def test_steps_context_and_indexes(app: FastAPI, kb_root: Path) -> None:
     assert call(app, "GET", "/healthz", auth=False).json() == {"status": "ok", "running_tasks": 0, "waiting_tasks": 0}
 
 
+def test_a_paste_longer_than_the_analysed_part_is_answered_as_the_library_answers_it(
+    app: FastAPI, kb_root: Path
+) -> None:
+    # A 28,000-character paste answered 422 (max 20,000) where the library and the CLI answer from its first and
+    # last 10,000 characters; the body's 256 KiB bound it.
+    assert call(app, "POST", f"{BASE}/reindex").status_code == 200
+    paste = "退款一般多久能到账？\n" + "日志行 error at line 42\n" * 1_500
+    assert len(paste) > kindex.retrieve.MAX_MESSAGE_CHARS
+    body = call(app, "POST", f"{BASE}/context", json={"message": paste, "min_relevance": 0}).json()
+    mine = kindex.build_context(kb_root / "agent1", paste, min_relevance=0)
+    assert [i["path"] for i in body["items"]] == [i.path for i in mine.items] and body["text"] == mine.text
+    found = call(app, "POST", f"{BASE}/search", json={"question": paste, "min_relevance": 0})
+    assert found.status_code == 200 and found.json()["results"]
+    named = {"message": "讲个笑话", "fallback_docs": [f"n{i}.md" for i in range(49)] + ["导读.md"]}
+    assert (
+        call(app, "POST", f"{BASE}/context", json=named).json()["items"][0]["path"] == "导读.md"
+    )  # 50, as kindex.toml
+    too_big = call(app, "POST", f"{BASE}/context", json={"message": "退" * 300_000})
+    assert too_big.status_code == 413  # the body limit, before any parsing
+
+
+def test_a_bad_kindex_variable_leaves_the_service_answering_and_says_so(
+    kb_root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `kindex serve` refused to start with KINDEX_BUDGET_TOKENS=abc: every agent's knowledge gone for one typo that
+    # the CLI and the library leave out of an answer and say.
+    kindex.reindex(kb_root / "agent1")
+    monkeypatch.setenv("KINDEX_BUDGET_TOKENS", "abc")
+    with caplog.at_level("WARNING", logger="kindex.server"):
+        app = create_app(kb_root, token=TOKEN, llm=LLMSettings())
+    assert "KINDEX_BUDGET_TOKENS='abc': expected an integer: steps fail on it" in caplog.text
+    body = call(app, "POST", f"{BASE}/context", json={"message": "退款一般多久能到账"}).json()
+    assert body["items"][0]["path"] == "billing/退款政策.md" and body["budget_tokens"] == 6000
+    assert body["warnings"] == [
+        "KINDEX_BUDGET_TOKENS='abc': expected an integer: left out of this answer (fix the variable)"
+    ]
+    step = call(app, "POST", f"{BASE}/reindex/root")
+    assert (
+        step.status_code == 422 and step.json()["error"]["message"] == "KINDEX_BUDGET_TOKENS='abc': expected an integer"
+    )
+    with pytest.raises(kindex.UsageError):  # a bad flag is still refused at once
+        create_app(kb_root, token=TOKEN, llm=LLMSettings(), concurrency=0)
+
+
 def test_context_over_http_says_what_is_wrong_with_the_index(
     app: FastAPI, kb_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
+    MAX_SEARCH_LIMIT,
     Retriever,
 )
 from kindex.skillmodel import SkillShelf
@@ -170,7 +171,9 @@ def _note_warnings(warnings: Sequence[str]) -> None:
 @click.command()
 @kb_arg
 @click.argument("question")
-@click.option("--limit", type=click.IntRange(1, 200), default=10, show_default=True, help="Entries to list.")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_SEARCH_LIMIT), default=10, show_default=True, help="Entries to list."
+)
 @click.option("--path", "paths", multiple=True, metavar="P", help="A file the user is working on (repeatable).")
 @click.option(
     "--min-relevance",

@@ -12,12 +12,12 @@ from typing import Any
 from fastapi import FastAPI
 
 import kindex
-from kindex.errors import UsageError, missing_extra
+from kindex.errors import KindexError, UsageError, missing_extra
 from kindex.hosts import loopback
 from kindex.kb import Settings
 from kindex.llm import LLMClient, LLMSettings
 from kindex.server import routes
-from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers
+from kindex.server.errors import MAX_BODY_BYTES, BodyLimit, install_handlers, log
 from kindex.server.schemas import ErrorResponse
 from kindex.server.state import ServerState, authorize
 from kindex.server.tasks import DEFAULT_TASK_WORKERS, TaskEngine, Tasks
@@ -89,7 +89,13 @@ def create_app(
     flags: dict[str, Any] = {k: v for k, v in asdict(llm).items() if v is not None} if llm is not None else {}
     if concurrency is not None:
         flags["concurrency"] = concurrency
-    Settings.resolved(None, flags)  # a bad flag fails here, not on the first request
+    Settings.resolved(None, flags, env={})  # a bad flag fails here, not on the first request
+    # A KINDEX_* variable that does not parse is the environment's, as in the CLI: answers leave it out and say so,
+    # steps fail on it. Refusing to start took every agent's knowledge away for one typo.
+    try:
+        Settings.resolved(None, flags)
+    except KindexError as exc:
+        log.warning("%s: steps fail on it, and answers leave it out and say so, until it is fixed", exc.message)
 
     state = ServerState(root=root, token=token, tasks=tasks, flags=flags, client=client, queued=queue is not None)
 

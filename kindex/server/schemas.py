@@ -13,11 +13,11 @@ from kindex.retrieve import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_DOCS,
     DEFAULT_MIN_RELEVANCE,
-    MAX_MESSAGE_CHARS,
+    MAX_FALLBACK_DOCS,
     MAX_PATHS,
+    MAX_SEARCH_LIMIT,
 )
 
-MAX_SEARCH_LIMIT = 200
 """As ``kindex search --limit``."""
 # A misspelt field ("budget_token") is refused with its name, not silently ignored for the default.
 _BODY = ConfigDict(frozen=True, extra="forbid")
@@ -45,7 +45,9 @@ class DocRequest(BaseModel):
 
 class SearchRequest(BaseModel):
     model_config = _BODY
-    question: str = Field(max_length=MAX_MESSAGE_CHARS, description="What the user asks, in their words.")
+    # No length of its own: the 256 KiB body bounds it (413), and of a question over 20,000 characters the first and
+    # last 10,000 are used, as by the library and the CLI (a bound here refused what those answer).
+    question: str = Field(description="What the user asks, in their words.")
     paths: list[str] = Field(
         default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
     )
@@ -62,7 +64,9 @@ class SearchRequest(BaseModel):
 
 class ContextRequest(BaseModel):
     model_config = _BODY
-    message: str = Field(max_length=MAX_MESSAGE_CHARS, description="The user's chat message.")
+    message: str = Field(  # (bounded by the body, as SearchRequest.question)
+        description="The user's chat message (of one over 20,000 characters, its first and last 10,000 are used)."
+    )
     paths: list[str] = Field(
         default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
     )
@@ -92,7 +96,7 @@ class ContextRequest(BaseModel):
     )
     fallback_docs: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None,
-        max_length=20,
+        max_length=MAX_FALLBACK_DOCS,
         description="Overview documents for off-topic messages (KB-relative); default: the agent's setting.",
     )
 
