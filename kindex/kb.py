@@ -192,14 +192,16 @@ class KnowledgeBase:
                 self._config_stamp = stamp
             return self._settings
 
-    def _for_reading(self) -> tuple[Settings, str | None]:
+    def _for_reading(self, **given: Any) -> tuple[Settings, str | None]:
         """The settings a question is answered with, and what to warn of: as :attr:`settings`, but a broken
         ``kindex.toml`` is left out (and said) instead of failing the answer: one typo in the file took every chat
-        turn's knowledge away. Steps still refuse it."""
+        turn's knowledge away. Steps still refuse it. ``given``: the call's own options (``None``: not given), which
+        win as flags do: a bad variable the call overrides is not said, as the CLI's flags do not say it."""
         try:
             return self.settings, None
         except (InvalidFileError, UsageError):  # the file or a variable: flags were checked when the handle was made
-            return Settings.for_answers(self.path, self._flags, self._client)
+            flags = {**self._flags, **{k: v for k, v in given.items() if v is not None}}
+            return Settings.for_answers(self.path, flags, self._client)
 
     # -- retrieval ------------------------------------------------------------------------------------------------
 
@@ -227,7 +229,9 @@ class KnowledgeBase:
         Options left ``None`` come from the handle's settings. In a skill library the result also names each
         chosen skill with what it needs (skills, tools, MCP servers).
         """
-        s, problem = self._for_reading()
+        s, problem = self._for_reading(
+            budget_tokens=budget_tokens, max_docs=max_docs, fallback_docs=fallback_docs, min_relevance=min_relevance
+        )
         ctx = self.retriever.context(
             message,
             paths=paths,
@@ -266,7 +270,7 @@ class KnowledgeBase:
         """:meth:`search`'s entries with what a caller that does not hold the library should be told: whether the
         question is off topic, and the warnings (a broken ``kindex.toml`` left out, an index file that cannot be
         read, a listed document gone from the folder)."""
-        s, problem = self._for_reading()
+        s, problem = self._for_reading(min_relevance=min_relevance)
         relevance = s.min_relevance if min_relevance is None else min_relevance
         return self.retriever.ranking(message, paths=paths, limit=limit, min_relevance=relevance, problem=problem)
 

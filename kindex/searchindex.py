@@ -46,7 +46,7 @@ import numpy.typing as npt
 import orjson
 
 from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
-from kindex.errors import IndexMissingError, InvalidFileError, KindexError
+from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, KindexError
 from kindex.gcpause import collector_paused
 from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
@@ -673,6 +673,11 @@ def read_entries(kb: Path) -> Entries:
     try:
         root, problems, digest = read_index_digest(root_path)
     except (FileNotFoundError, NotADirectoryError):
+        if not kb.is_dir():  # deleted (or unmounted) since it was opened: no reindex would help
+            raise KBNotFoundError(
+                f"knowledge folder '{kb.name or kb}' does not exist (any more): pass the folder that holds your "
+                "Markdown files"
+            ) from None
         raise IndexMissingError(f"{kb.name or kb} has no index yet: run `kindex reindex` on it first") from None
     except IndexMissingError:
         raise IndexMissingError(f"{INDEX_FILE} of {kb.name or kb} is a folder, not an index: remove it") from None

@@ -336,3 +336,11 @@ def test_a_file_name_with_a_newline_prints_as_one_escaped_line(tmp_path: Path) -
     assert code == 0 and out.splitlines()[0].endswith("t/new\\nline\\x01.md  退款")
     code, _, err = run("context", str(tmp_path), "退款")
     assert code == 0 and "# t/new\\nline\\x01.md  score" in err
+
+
+def test_a_message_that_starts_with_a_dash_is_told_to_go_after_double_dash(sample_kb: Path) -> None:
+    # It said only "No such option '- '".
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "-h 参数是什么"])
+    assert result.exit_code == 2 and "goes after `--`: kindex context KB -- " in result.stderr
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "--bugdet", "3"])
+    assert result.exit_code == 2 and "Did you mean '--budget'?" in result.stderr and "`--`" not in result.stderr

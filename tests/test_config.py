@@ -71,6 +71,12 @@ def test_a_variable_that_does_not_parse_is_left_out_of_answers_but_steps_refuse_
     assert result.exit_code == 0 and orjson.loads(result.stdout)["warnings"] == [said]
     result = CliRunner().invoke(main, ["reindex", str(sample_kb)])
     assert result.exit_code == 2 and result.stderr == "Error: KINDEX_MAX_DOCS='0': must be 1 to 50\n"
+    # A variable the call overrides is not used, and not said (the CLI's --max-docs never said it either).
+    only = said.split("; ")[1]
+    assert kindex.KnowledgeBase(sample_kb).context("发票怎么开", max_docs=2).warnings == (only,)
+    assert kindex.build_context(sample_kb, "发票怎么开", max_docs=2).warnings == (only,)
+    result = CliRunner().invoke(main, ["context", str(sample_kb), "发票怎么开", "--max-docs", "2", "--json"])
+    assert orjson.loads(result.stdout)["warnings"] == [only]
 
 
 def test_a_file_saved_with_a_byte_order_mark_is_read(sample_kb: Path) -> None:

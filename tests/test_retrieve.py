@@ -1383,3 +1383,17 @@ def test_a_section_is_found_by_its_heading_as_the_page_writes_it() -> None:
         part = kindex.markdown.section(text, asked)
         assert part is not None and part.endswith("这样用。") and "别的" not in part, asked
     assert kindex.markdown.section(text, "无此标题") is None
+
+
+def test_a_folder_deleted_after_its_first_question_is_not_found_not_unindexed(tmp_path: Path) -> None:
+    # The library's kept handle said `index_missing: ... run kindex reindex on it first`, advice that would fail,
+    # where the CLI, the service and a new handle say the folder is gone.
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    (kb / "t" / "refund.md").write_text("# 退款\n\n退款政策说明。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    assert kindex.build_context(kb, "退款").items
+    shutil.rmtree(kb)
+    for ask in (lambda: kindex.build_context(kb, "退款"), lambda: kindex.search(kb, "退款")):
+        with pytest.raises(kindex.KBNotFoundError, match="knowledge folder 'kb' does not exist"):
+            ask()

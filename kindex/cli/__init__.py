@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import sys
 from typing import Any
 
@@ -67,9 +68,13 @@ class _Group(click.Group):
             click.echo("kindex: interrupted; nothing was written", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except click.UsageError as exc:  # click's own: a bad option value, a missing argument
+            if isinstance(exc, click.NoSuchOption) and not _OPTION_LIKE.fullmatch(exc.option_name):
+                # `kindex context KB "-h 参数是什么"` said only "No such option '- '".
+                hint = " A message or path that starts with '-' goes after `--`: kindex context KB -- \"-h 参数是什么\""
+                exc = click.UsageError(exc.message + hint, exc.ctx)
             if as_json:
                 _json_error(UsageError.code, exc.format_message())
-            raise
+            raise exc from None
         except KindexError as exc:
             # Each error class carries its exit status: usage errors exit 2 (with click's usage hint), an
             # interrupted run 130, every other failure 1.
@@ -81,6 +86,10 @@ class _Group(click.Group):
                 click.echo(f"kindex: {exc.message}", err=True)
                 sys.exit(exc.exit_code)
             raise click.ClickException(exc.message) from None
+
+
+_OPTION_LIKE = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
+"""What a mistyped option looks like; anything else click took for one was text (a message starting with '-')."""
 
 
 def _json_error(code: str, message: str) -> None:
