@@ -258,10 +258,15 @@ def _coded(name: str, result: Any) -> Any:
     start = _REFUSED.format(name=name)
     if not isinstance(text, str) or not text.startswith(start) or f"for {name}Arguments" not in text[:300]:
         return result
-    lines = text[len(start) :].splitlines()[1:]
     said: list[str] = []
-    for field, why in zip(lines[::3], lines[1::3], strict=False):  # a field, its reason, the URL of the reason
-        said.append(f"{field.strip()}: {why.strip().partition(' [type=')[0]}")
+    field = None
+    # pydantic's layout: the argument's name, its reason indented 2, maybe a URL indented 4.
+    for line in text[len(start) :].splitlines()[1:]:
+        if not line.startswith(" "):
+            field = line.strip()
+        elif field is not None and not line.startswith("    "):
+            said.append(f"{field}: {line.strip().partition(' [type=')[0]}")
+            field = None
     return _error_result(UsageError(f"{name}: {'; '.join(said) or 'invalid arguments'}"))
 
 
