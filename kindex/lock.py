@@ -223,7 +223,8 @@ def _holder(state: Path, name: str) -> str:
         if isinstance(process, str) and process and process != f"kindex {info['what']}":
             # A step of a server or a script (`kindex serve`'s reindex): "`kindex reindex`" sent a person looking
             # for a command line that was never typed.
-            return f"a {info['what']} step of `{process}`, pid {info['pid']} on {info['host']}, since {since}"
+            kind = "" if info["what"] == "watch" else " step"  # a watch is no step
+            return f"a {info['what']}{kind} of `{process}`, pid {info['pid']} on {info['host']}, since {since}"
         return f"`kindex {info['what']}`, pid {info['pid']} on {info['host']}, since {since}"
     except (OSError, ValueError, KeyError, TypeError, InvalidFileError):
         return "a run that is just starting" if not (state / name).exists() else "holder unknown"

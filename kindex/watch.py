@@ -282,14 +282,14 @@ class Watcher:
         watch of the folder (:class:`BusyError`, see :meth:`claim`) or one that cannot be written
         (:class:`StorageError`)."""
         root = self.kb.path
-        refuse_theme_folder(root)
-        self.claim()
-        try:
+        try:  # a lock claimed before run (the service's) is released whatever ends it, a refusal here included
+            refuse_theme_folder(root)
+            self.claim()
             self._run(root)
         finally:
-            assert self._lock is not None
-            self._lock.release()
-            self._lock = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _run(self, root: Path) -> None:
         try:

@@ -193,7 +193,7 @@ def test_a_second_watch_of_one_folder_is_refused_naming_the_first(
     # every step again.
     running, client = watching
     second = Watcher(kindex.KnowledgeBase(sample_kb, client=client), lambda u: None)
-    with pytest.raises(kindex.BusyError, match=r"is watched already \(.*pid \d+ on .*\): that watch keeps"):
+    with pytest.raises(kindex.BusyError, match=r"is watched already \(a watch of `.*`, pid \d+ on .*\): that watch"):
         second.claim()
     with pytest.raises(kindex.BusyError, match="is watched already"):
         second.run()  # (before the change, it ran: the test would wait here)
@@ -213,6 +213,23 @@ def test_a_second_watch_of_one_folder_is_refused_naming_the_first(
             Watcher(kindex.KnowledgeBase(sample_kb, client=client), lambda u: None).claim()
         http.delete(f"/v1/agents/{agent}/knowledge/watch")
     watch_lock(sample_kb).release()  # the service's watch, stopped, holds nothing either
+
+
+def test_a_watch_claimed_then_refused_at_its_start_holds_nothing(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service claims the lock before its thread runs the watch: a refusal at the start of the run (the folder
+    # became a theme of a KB above it meanwhile) kept the lock, and no later watch of the folder could start.
+    watcher = Watcher(kindex.KnowledgeBase(sample_kb, client=FakeClient()), lambda u: None)
+    watcher.claim()
+
+    def refuse(root: Path) -> None:
+        raise kindex.ThemeFolderError(f"{root.name} is a theme of the KB above it")
+
+    monkeypatch.setattr(kindex.watch, "refuse_theme_folder", refuse)
+    with pytest.raises(kindex.ThemeFolderError):
+        watcher.run()
+    watch_lock(sample_kb).release()  # free: taken at once
 
 
 def test_a_batch_pending_when_the_service_stops_watching_is_tried_when_it_starts_again(
