@@ -55,7 +55,7 @@ from kindex.kb import (
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
 from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
-from kindex.retrieve import MAX_FALLBACK_DOCS, MAX_REQUEST_MESSAGE_CHARS, MAX_SEARCH_LIMIT
+from kindex.retrieve import MAX_FALLBACK_DOCS, MAX_SEARCH_LIMIT
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
 from kindex.store import listed_theme_index, read_index_file
@@ -139,6 +139,10 @@ class SkillOutput(_Output):
     mcp_dependencies: tuple[str, ...]
 
 
+MAX_TOOL_MESSAGE_CHARS = 256 * 1024
+"""The longest message the tools take (the HTTP service's are bounded by its 256 KiB body): a chat backend passes
+pastes longer than the 20,000 characters analysed on, and the library answers them from their start and end, as
+it does for the CLI. Refusing them took the agent's context away on exactly the long messages."""
 Agent = Annotated[
     str, Field(description="The agent whose knowledge base to use: only when the server serves several (--kb-root).")
 ]
@@ -342,7 +346,7 @@ def build_server(library: Library) -> MCPServer:
     @_tool_errors
     def search(
         question: Annotated[
-            str, Field(description="What the user asks, in their words.", max_length=MAX_REQUEST_MESSAGE_CHARS)
+            str, Field(description="What the user asks, in their words.", max_length=MAX_TOOL_MESSAGE_CHARS)
         ],
         limit: Annotated[int, Field(description="Entries to return.", ge=1, le=MAX_SEARCH_LIMIT)] = 10,
         paths: Annotated[
@@ -363,7 +367,7 @@ def build_server(library: Library) -> MCPServer:
             Field(
                 description="The user's chat message (of one over 20,000 characters, its first and last 10,000 are "
                 "used).",
-                max_length=MAX_REQUEST_MESSAGE_CHARS,
+                max_length=MAX_TOOL_MESSAGE_CHARS,
             ),
         ],
         budget_tokens: Annotated[

@@ -82,10 +82,6 @@ DEFAULT_MIN_RELEVANCE: float = DEFAULTS["min_relevance"]
 """A question is on topic when some document covers at least this share of its informative weight."""
 MAX_MESSAGE_CHARS = 20_000
 """Of a longer message only the start and the end are analysed (see :func:`_bounded`)."""
-MAX_REQUEST_MESSAGE_CHARS = 256 * 1024
-"""The longest message the MCP tools take (the HTTP service's are bounded by its 256 KiB body): a chat backend
-passes pastes longer than ``MAX_MESSAGE_CHARS`` on, and the library answers them from their start and end, as it
-does for the CLI. Refusing them took the agent's context away on exactly the long messages."""
 MAX_SEARCH_LIMIT = 200
 """Most entries one search lists (CLI, HTTP, MCP)."""
 MAX_FALLBACK_DOCS = 50

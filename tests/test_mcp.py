@@ -467,3 +467,32 @@ def test_get_context_answers_as_the_library_does_its_warnings_long_pastes_and_op
             )
 
     anyio.run(session)
+
+
+def test_an_sdk_refusal_of_the_arguments_gets_a_code_whatever_its_layout() -> None:
+    from kindex.mcpserver import _coded
+
+    def sdk(text: str) -> dict[str, Any]:
+        return {"content": [{"type": "text", "text": text}], "isError": True}
+
+    head = "Error executing tool get_context: 2 validation errors for get_contextArguments\n"
+    with_urls = head + (
+        "budget_tokens\n  Input should be less than or equal to 200000 [type=less_than_equal, input_value=9]\n"
+        "    For further information visit https://errors.pydantic.dev/2/v/less_than_equal\n"
+        "message\n  Field required [type=missing, input_value={}]\n    For further information visit https://x\n"
+    )
+    without_urls = (
+        head + "budget_tokens\n  Input should be less than or equal to 200000 [type=x]\nmessage\n  Field required\n"
+    )
+    said = "get_context: budget_tokens: Input should be less than or equal to 200000; message: Field required"
+    for text in (with_urls, without_urls):
+        got = _coded("get_context", sdk(text))
+        assert got.structured_content == {"error": {"code": "invalid_request", "message": said}}
+    # Anything else passes through as it is: a result, a coded error, another tool's text, an internal error.
+    for other in (
+        {"content": [], "isError": False},
+        {**sdk("invalid_request: x"), "structuredContent": {"error": {}}},
+        sdk(head.replace("get_context", "search") + "x\n  y\n"),
+        sdk("Error executing tool get_context: boom"),
+    ):
+        assert _coded("get_context", other) is other
