@@ -61,7 +61,9 @@ def _text_list(value: object) -> tuple[str, ...]:
     return out
 
 
-def _documents(value: object) -> tuple[str, ...]:
+def document_paths(value: object) -> tuple[str, ...]:
+    """``value`` as KB-relative document paths (a list, or one comma-separated string), or
+    :class:`kindex.InvalidDataError` saying which entry cannot be one: empty, absolute or climbing out with ``..``."""
     if isinstance(value, list | tuple) and any(isinstance(x, str) and not x.strip() for x in value):
         raise InvalidDataError("an empty document path")
     out = _text_list(value)
@@ -138,7 +140,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("fallback_docs", "context", _documents, ("导读.md", "00-总则与功能导航.md"), "overview documents"),
+    Setting("fallback_docs", "context", document_paths, ("导读.md", "00-总则与功能导航.md"), "overview documents"),
     Setting("min_relevance", "context", _number(float, 0.0, 1.0), 0.3, "on-topic threshold (share of weight)"),
     Setting("budget_tokens", "context", _number(int, MIN_BUDGET_TOKENS, MAX_BUDGET_TOKENS), 6000, "context budget"),
     Setting("max_docs", "context", _number(int, 1, MAX_DOCS_LIMIT), 4, "documents per context"),

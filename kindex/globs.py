@@ -37,11 +37,16 @@ def without_dot_folders(path: str) -> str:
 
 def paths_in_text(text: str) -> list[str]:
     """File paths mentioned in a message (``src/App.tsx``, ``./web/a.tsx``, ``C:\\proj\\b.tsx``), normalised."""
-    out: list[str] = []
+    return list(dict.fromkeys(path for _, _, path in path_spans(text)))
+
+
+def path_spans(text: str) -> list[tuple[int, int, str]]:
+    """Where ``text`` mentions a file path, and the path normalised: one per mention, in order."""
+    out: list[tuple[int, int, str]] = []
     for m in _PATH_IN_TEXT.finditer(text):
         p = normalize_path(m.group(1).rstrip("."))
-        if p and p not in out:
-            out.append(p)
+        if p:
+            out.append((m.start(1), m.end(1), p))
     return out
 
 

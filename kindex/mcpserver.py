@@ -55,7 +55,7 @@ from kindex.kb import (
 from kindex.markdown import headings, section
 from kindex.records import INDEX_FILE
 from kindex.results import ContextItem, Ranking, SkillClosure, SkillHit
-from kindex.retrieve import MAX_FALLBACK_DOCS, MAX_SEARCH_LIMIT
+from kindex.retrieve import MAX_FALLBACK_DOCS, MAX_PATHS, MAX_SEARCH_LIMIT
 from kindex.scan import document_text
 from kindex.skillmodel import SKILL_FILE, package_files
 from kindex.store import listed_theme_index, read_index_file
@@ -143,6 +143,9 @@ MAX_TOOL_MESSAGE_CHARS = 256 * 1024
 """The longest message the tools take (the HTTP service's are bounded by its 256 KiB body): a chat backend passes
 pastes longer than the 20,000 characters analysed on, and the library answers them from their start and end, as
 it does for the CLI. Refusing them took the agent's context away on exactly the long messages."""
+MAX_TOOL_PATHS = 4096
+"""The most attachment paths a tool call lists (the HTTP service's are bounded by its body): the library answers
+from the first 50 and says so, and a conversation's attachments past 50 should not cost it its context."""
 Agent = Annotated[
     str, Field(description="The agent whose knowledge base to use: only when the server serves several (--kb-root).")
 ]
@@ -350,7 +353,12 @@ def build_server(library: Library) -> MCPServer:
         ],
         limit: Annotated[int, Field(description="Entries to return.", ge=1, le=MAX_SEARCH_LIMIT)] = 10,
         paths: Annotated[
-            tuple[str, ...], Field(description="Files the user is working on (for path-scoped entries).", max_length=50)
+            tuple[str, ...],
+            Field(
+                description=f"Files the user is working on (for path-scoped entries; of more than {MAX_PATHS}, the "
+                "first).",
+                max_length=MAX_TOOL_PATHS,
+            ),
         ] = (),
         min_relevance: MinRelevance = None,
         agent: Agent = "",
@@ -379,7 +387,13 @@ def build_server(library: Library) -> MCPServer:
         max_docs: Annotated[
             int | None, Field(description="At most this many documents.", ge=1, le=MAX_DOCS_LIMIT)
         ] = None,
-        paths: Annotated[tuple[str, ...], Field(description="Files the user is working on.", max_length=50)] = (),
+        paths: Annotated[
+            tuple[str, ...],
+            Field(
+                description=f"Files the user is working on (of more than {MAX_PATHS}, the first).",
+                max_length=MAX_TOOL_PATHS,
+            ),
+        ] = (),
         min_relevance: MinRelevance = None,
         fallback_docs: Annotated[
             tuple[Annotated[str, Field(min_length=1, max_length=1024)], ...] | None,

@@ -44,8 +44,8 @@ from kindex.analysis import (
     value_terms,
     visible,
 )
-from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS
-from kindex.errors import UsageError
+from kindex.config import DEFAULTS, MAX_BUDGET_TOKENS, MAX_DOCS_LIMIT, MIN_BUDGET_TOKENS, document_paths
+from kindex.errors import InvalidDataError, UsageError
 from kindex.files import regular_file
 from kindex.fitting import MAX_FIT_CHARS, fit_to_budget, one_line
 from kindex.gcpause import collector_paused
@@ -56,7 +56,7 @@ from kindex.globs import (
     Compiled,
     Scope,
     normalize_path,
-    paths_in_text,
+    path_spans,
 )
 from kindex.records import INDEX_FILE
 from kindex.results import Context, ContextItem, Ranking, context_item
@@ -155,6 +155,12 @@ about them. Dev (696 questions, 550 messages): 15 more off-topic messages fall b
 THEME_PRIOR = 0.3
 MATCHED = "matched"
 NAMED = "path in the message"
+_REASONS = {
+    frozenset({MATCHED}): "matched the question",
+    frozenset({NAMED}): "the documents the message names",
+    frozenset({MATCHED, NAMED}): "the documents the message names, and those that match the question",
+}
+"""The result's reason when something matched (a message naming one file and asking about another gets both)."""
 """Why a document a message names by its path (``tutorial/cors.md``) is served: first, on topic or not."""
 ENTRY_BOOST = 0.25
 MAX_ABSENT_ROWS = 20_000
@@ -1138,10 +1144,42 @@ def _message(message: object) -> str:
     return message
 
 
-def _scope(message: str, paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The paths in scope (attachments, then those the message writes), and those the message writes."""
-    written = paths_in_text(_bounded(message))[:MAX_PATHS]
-    return [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + written, written
+def _fallback_names(value: object) -> tuple[str, ...]:
+    """The call's fallback documents, refused as ``kindex.toml``, ``KINDEX_FALLBACK_DOCS`` and the CLI refuse them
+    (an empty name, an absolute path, ``..``, more than 50): the HTTP service and MCP answered a warning where the
+    CLI refused, and one rule serves every surface."""
+    try:
+        return document_paths(_texts("fallback_docs", value))
+    except InvalidDataError as e:
+        raise UsageError(f"fallback_docs: {e}") from None
+
+
+def _paths_left(paths: Sequence[str]) -> tuple[str, ...]:
+    """A warning when a call gives more attachment paths than are used: the answer stands, from the first ones."""
+    if len(paths) <= MAX_PATHS:
+        return ()
+    return (f"{len(paths):,} attachment paths given: the first {MAX_PATHS} are used",)
+
+
+def _question(loaded: _Loaded, message: str, paths: Sequence[str]) -> tuple[_Scored, list[str], list[str]]:
+    """The question's scores, the paths in scope (attachments, then those the message writes), and those the
+    message writes. A path that names a document of the KB (:func:`_named`) is a reference to it, which comes first
+    on its own: its words are left out of the question. `billing/退款政策.md 发票怎么开` is about invoices; with
+    the path's words (billing, 退款政策) in its weight, the invoice page covered too little of it and the named page
+    was all it got."""
+    bounded = _bounded(message)
+    spans = path_spans(bounded)
+    written = list(dict.fromkeys(path for _, _, path in spans))[:MAX_PATHS]
+    naming = {path for path in written if _named(loaded, [path])}
+    if naming:
+        kept, start = [], 0
+        for begin, end, path in spans:
+            if path in naming:
+                kept.append(bounded[start:begin])
+                start = end
+        bounded = " ".join([*kept, bounded[start:]])
+    scope = [normalize_path(p) for p in paths[:MAX_PATHS] if p.strip()] + written
+    return _scored(loaded, bounded), scope, written
 
 
 def _named(loaded: _Loaded, written: list[str]) -> list[int]:
@@ -1248,8 +1286,7 @@ class Retriever:
             raise UsageError(f"limit must be at least 1 (or None for all), got {limit!r}")
         message, paths = _message(message), _texts("paths", paths)
         loaded = self.loaded()
-        scored = _scored(loaded, message)
-        scope, written = _scope(message, paths)
+        scored, scope, written = _question(loaded, message, paths)
         hits = _rank(loaded, scored, scope, min_relevance, loaded.n if limit is None else limit, written)
         held = scored.matched([h.idx for h in hits]) if explain else [() for _ in hits]
         items = [h.item(scored.shown(m)) for h, m in zip(hits, held, strict=True)]
@@ -1297,14 +1334,14 @@ class Retriever:
         """
         check_context_options(budget_tokens, max_docs, min_relevance)
         message, paths = _message(message), _texts("paths", paths)
-        fallback_docs = _texts("fallback_docs", fallback_docs)
+        fallback_docs = _fallback_names(fallback_docs)
         root = self.root
         loaded = self.loaded()
-        scored = _scored(loaded, message)
-        scope, written = _scope(message, paths)
+        scored, scope, written = _question(loaded, message, paths)
         hits = _rank(loaded, scored, scope, min_relevance, max(4 * max_docs, 16), written)
         fallback = not any(h.reason in (MATCHED, NAMED) for h in hits)
-        reason = "matched the question" if any(h.reason == MATCHED for h in hits) else "the documents the message names"
+        kinds = {h.reason for h in hits} & {MATCHED, NAMED}
+        reason = _REASONS.get(frozenset(kinds), "")
         if fallback:
             reason = "no document matched the question: overview documents"
             hits.extend(_fallback_hits(root, loaded, fallback_docs, hits))
@@ -1321,7 +1358,7 @@ class Retriever:
             # The documents the paths bring in took the whole budget: no overview document to announce.
             reason = "no document matched the question; the documents its paths bring in left no room for the overview"
             ctx = ctx.model_copy(update={"reason": reason})
-        warnings = loaded.warnings + _unservable(root, loaded, fallback_docs)
+        warnings = loaded.warnings + _unservable(root, loaded, fallback_docs) + _paths_left(paths)
         if ctx.fallback:
             warnings += _said_nothing(root, loaded, fallback_docs, {it.path for it in ctx.items})
         if loaded.matchers.exhausted:
@@ -1350,7 +1387,8 @@ class Retriever:
         topic (:func:`off_topic`) and the warnings (the index's, ``problem``: settings left out of the answer, and a
         listed document gone from the folder)."""
         results = self.search(message, paths=paths, limit=limit, min_relevance=min_relevance)
-        warnings = (*self.warnings(), *(() if problem is None else (problem,)), *self.unservable(results))
+        said = (*self.warnings(), *(() if problem is None else (problem,)), *_paths_left(_texts("paths", paths)))
+        warnings = (*said, *self.unservable(results))
         return Ranking(results=tuple(results), off_topic=off_topic(results), warnings=warnings)
 
     def unservable(self, items: Sequence[ContextItem]) -> tuple[str, ...]:

@@ -460,6 +460,16 @@ def test_get_context_answers_as_the_library_does_its_warnings_long_pastes_and_op
             assert not many.is_error and many.structured_content["results"]  # (it was refused over 50)
             named_many = {"message": "讲个笑话", "fallback_docs": [f"n{i}.md" for i in range(49)] + ["导读.md"]}
             assert (await c.call_tool("get_context", named_many)).structured_content["items"][0]["path"] == "导读.md"
+            # More attachments than are used: the answer stands, from the first 50, and says so (it was refused).
+            attached = [f"web/p{i}.ts" for i in range(60)]
+            wide = await c.call_tool("get_context", {"message": "退款多久到账", "paths": attached})
+            mine_wide = kindex.build_context(indexed, "退款多久到账", paths=attached)
+            assert not wide.is_error and tuple(wide.structured_content["warnings"]) == mine_wide.warnings
+            assert "60 attachment paths given: the first 50 are used" in mine_wide.warnings
+            # A fallback document no KB can hold is refused as the CLI refuses it (it was a warning).
+            outside = await c.call_tool("get_context", {"message": "讲个笑话", "fallback_docs": ["/etc/passwd"]})
+            assert error_code(outside) == "invalid_request"
+            assert "fallback_docs: '/etc/passwd' is not a KB-relative path" in text_of(outside.content[0])
             bad = await c.call_tool("get_context", {"message": "退款", "min_relevance": 2})
             assert error_code(bad) == "invalid_request"
             assert bad.structured_content["error"]["message"] == (

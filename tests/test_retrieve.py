@@ -1056,6 +1056,33 @@ def test_a_document_named_by_its_path_comes_first(indexed: Path, message: str, f
 
 
 @pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("billing/退款政策.md", "the documents the message names"),
+        ("今天天气怎么样 sync/离线模式.md", "the documents the message names"),
+        # It said "matched the question" with the named document first.
+        ("billing/退款政策.md 里的发票怎么开", "the documents the message names, and those that match the question"),
+        ("发票怎么开", "matched the question"),
+    ],
+)
+def test_the_reason_says_what_chose_the_documents(indexed: Path, message: str, reason: str) -> None:
+    assert kindex.build_context(indexed, message).reason == reason
+
+
+@pytest.mark.parametrize("message", ["billing/退款政策.md 发票怎么开", "发票怎么开 看下 docs/kb/billing/退款政策.md"])
+def test_the_words_of_a_path_naming_a_document_are_not_the_question(indexed: Path, message: str) -> None:
+    # With the path's words (billing, 退款政策) in the question's weight, the invoice page covered too little of it:
+    # the named page was all the message got.
+    hits = kindex.search(indexed, message)
+    assert [(h.path, h.reason) for h in hits[:2]] == [
+        ("billing/退款政策.md", "path in the message"),
+        ("billing/发票开具.md", "matched"),
+    ]
+    asked = [h.path for h in kindex.search(indexed, "发票怎么开")]
+    assert [h.path for h in hits[1:]] == [p for p in asked if p != hits[0].path]
+
+
+@pytest.mark.parametrize(
     "message",
     [
         "other/rate-limits.md",  # another folder's file of that name

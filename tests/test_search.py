@@ -201,14 +201,14 @@ def test_the_relevance_threshold_is_a_setting(indexed: Path) -> None:
 
 
 def test_fallback_documents_are_configurable(indexed: Path) -> None:
-    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["billing/套餐与价格.md", "nope.md", "../x.md"])
+    ctx = kindex.build_context(indexed, "讲个笑话", fallback_docs=["billing/套餐与价格.md", "nope.md", "x/y.md"])
     assert ctx.fallback and [i.path for i in ctx.items] == ["billing/套餐与价格.md"]
     assert ctx.text.startswith("## ")
     # The names the caller chose that cannot serve are said on every call, matched or not; the defaults never are.
     said = "is not a document of the index (missing, not a .md file, excluded or skipped by the scan, or added since"
     assert [w.split(" is not")[0] for w in ctx.warnings] == [
         "fallback document 'nope.md'",
-        "fallback document '../x.md'",
+        "fallback document 'x/y.md'",
     ]
     assert all(said in w for w in ctx.warnings)
     matched = kindex.build_context(indexed, "怎么申请退款", fallback_docs=["nope.md"])
@@ -220,6 +220,26 @@ def test_fallback_documents_are_configurable(indexed: Path) -> None:
     assert [w.split(" is not")[0] for w in kindex.build_context(indexed, "x", fallback_docs=many).warnings] == [
         "fallback document 'nope.md'"
     ]
+
+
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [
+        ([""], "fallback_docs: an empty document path"),
+        (["导读.md", "  "], "fallback_docs: an empty document path"),
+        (["/etc/passwd"], "fallback_docs: '/etc/passwd' is not a KB-relative path"),
+        (["billing/../../x.md"], "fallback_docs: 'billing/../../x.md' is not a KB-relative path"),
+        (["C:\\x.md"], "fallback_docs: 'C:\\\\x.md' is not a KB-relative path"),
+        ([f"{i}.md" for i in range(51)], "fallback_docs: at most 50 entries of at most 1,024 characters"),
+    ],
+)
+def test_a_fallback_document_no_kb_can_hold_is_refused_as_the_cli_refuses_it(
+    indexed: Path, names: list[str], said: str
+) -> None:
+    # The library answered a warning where the CLI and kindex.toml refused: one rule now serves every surface.
+    with pytest.raises(kindex.UsageError) as caught:
+        kindex.build_context(indexed, "讲个笑话", fallback_docs=names)
+    assert str(caught.value) == said
 
 
 def test_a_chosen_fallback_document_emptied_since_the_last_step_is_said(indexed: Path) -> None:

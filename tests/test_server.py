@@ -234,6 +234,8 @@ def test_a_cancelled_task_writes_nothing_more_and_a_second_writer_gets_409(kb_ro
         ("POST", f"{BASE}/context", {"message": "x", "budget_tokens": "100"}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "max_docs": True}, 422, "invalid_request"),
         ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": [""]}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": ["/etc/passwd"]}, 422, "invalid_request"),
+        ("POST", f"{BASE}/context", {"message": "x", "fallback_docs": ["a/../../x.md"]}, 422, "invalid_request"),
         ("POST", f"{BASE}/reindex", {"force": True}, 422, "invalid_request"),  # no body taken: not "forced"
         ("POST", f"{BASE}/reindex?wiat=false", None, 422, "invalid_request"),  # ran and waited, unasked
         ("POST", f"{BASE}/context?budget_tokens=100", {"message": "x"}, 422, "invalid_request"),
@@ -252,6 +254,18 @@ def test_hostile_and_wrong_requests_get_stable_json_errors(
     r = call(app, method, url, json=body)
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
     assert "Traceback" not in r.text
+
+
+def test_more_attachment_paths_than_are_used_answer_as_the_library_does(app: FastAPI, kb_root: Path) -> None:
+    # They were refused (422) where the library and the CLI answer from the first 50.
+    kindex.reindex(kb_root / "agent1")
+    attached = [f"web/p{i}.ts" for i in range(60)]
+    for route, body in (("context", {"message": "退款多久到账"}), ("search", {"question": "退款多久到账"})):
+        r = call(app, "POST", f"{BASE}/{route}", json={**body, "paths": attached})
+        assert r.status_code == 200, r.text
+        assert "60 attachment paths given: the first 50 are used" in r.json()["warnings"]
+    r = call(app, "POST", f"{BASE}/context", json={"message": "退款多久到账", "paths": attached[:50]})
+    assert not any("attachment paths" in w for w in r.json()["warnings"])
 
 
 def test_a_misspelt_body_field_is_refused_by_name_not_ignored(app: FastAPI) -> None:

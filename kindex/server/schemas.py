@@ -48,8 +48,8 @@ class SearchRequest(BaseModel):
     # No length of its own: the 256 KiB body bounds it (413), and of a question over 20,000 characters the first and
     # last 10,000 are used, as by the library and the CLI (a bound here refused what those answer).
     question: str = Field(description="What the user asks, in their words.")
-    paths: list[str] = Field(
-        default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
+    paths: list[str] = Field(  # (bounded by the body: of more than MAX_PATHS the first are used, as everywhere)
+        default=[], description=f"Attachment paths (files the user works on; of more than {MAX_PATHS}, the first)."
     )
     limit: int = Field(default=10, strict=True, ge=1, le=MAX_SEARCH_LIMIT, description="Entries to list.")
     min_relevance: float | None = Field(
@@ -67,8 +67,8 @@ class ContextRequest(BaseModel):
     message: str = Field(  # (bounded by the body, as SearchRequest.question)
         description="The user's chat message (of one over 20,000 characters, its first and last 10,000 are used)."
     )
-    paths: list[str] = Field(
-        default=[], max_length=MAX_PATHS, description="Attachment paths (files the user works on)."
+    paths: list[str] = Field(  # (bounded by the body: of more than MAX_PATHS the first are used, as everywhere)
+        default=[], description=f"Attachment paths (files the user works on; of more than {MAX_PATHS}, the first)."
     )
     budget_tokens: int | None = Field(
         default=None,
