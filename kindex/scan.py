@@ -18,7 +18,7 @@ import re
 import stat
 import time
 import unicodedata
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -541,48 +541,92 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
     import yaml  # here, not at the top: the read path serves documents without parsing frontmatter (~20 ms)
 
     try:
-        meta = yaml.load(m.group(1), Loader=_loader())  # a SafeLoader that refuses aliases
-    except _AliasRefused:
-        return {}, body, "frontmatter uses YAML aliases (*name): ignored, the body is indexed"
+        meta = _yaml(m.group(1))
+        if meta is _ALIASED:
+            return {}, body, "frontmatter uses YAML aliases (*name): ignored, the body is indexed"
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 2}" if where is not None else ""
         return {}, body, f"frontmatter is not valid YAML{line}: ignored, the body is indexed"
-    except RecursionError:  # nested hundreds of levels deep: no author writes that
-        return {}, body, "frontmatter is nested too deeply: ignored, the body is indexed"
+    except RecursionError:  # the pure-Python parser, on a block nested hundreds of levels deep
+        return {}, body, DEEP_FRONTMATTER
     except (ValueError, TypeError, OverflowError):  # a tagged value PyYAML cannot build (!!int of 5,000 digits)
         return {}, body, "frontmatter holds a value that cannot be read: ignored, the body is indexed"
     if meta is None:
         return {}, body, None
     if not isinstance(meta, dict):
         return {}, body, "frontmatter is not a YAML mapping: ignored, the body is indexed"
+    if _deeper_than(meta, MAX_FRONTMATTER_DEPTH):
+        return {}, body, DEEP_FRONTMATTER
     return {str(k): v for k, v in meta.items()}, body, None
 
 
-class _AliasRefused(InvalidFileError):
-    """A frontmatter alias, which :func:`split_frontmatter` refuses (caught there, never raised further)."""
+MAX_FRONTMATTER_DEPTH = 64
+"""Nesting a frontmatter value may have: libyaml builds 8,000 levels where the pure-Python parser ran out of stack,
+and whatever reads the values (a repr, a JSON encoder, a recursive cleaner) should not have to."""
+DEEP_FRONTMATTER = "frontmatter is nested too deeply: ignored, the body is indexed"
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether lists and mappings nest more than ``limit`` levels below ``value`` (a walk with a stack, no
+    recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple, set)):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+_ALIASED = object()
+
+
+def _yaml(block: str) -> object:
+    """``block`` parsed (``_ALIASED`` if it uses an alias), by libyaml where PyYAML has it (an eighth of the
+    pure-Python parser's time, which was two thirds of a scan), else, or when libyaml refuses the block, by the
+    pure-Python parser (which reads what libyaml does not: a ``"\\ud83d"`` escape costs that character, not the
+    page's metadata). Its errors are the last parser's."""
+    import yaml
+
+    *first, last = _loaders()
+    for loader in first:
+        with contextlib.suppress(yaml.YAMLError):
+            return _parsed(block, loader)
+    return _parsed(block, last)
+
+
+def _parsed(block: str, loader: type) -> object:
+    import yaml
+
+    # An alias is written with "*": only then are the block's events looked through (linear, and never expanded:
+    # merge keys over aliases double the work with every line).
+    if "*" in block and any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(block, Loader=loader)):
+        return _ALIASED
+    return yaml.load(block, Loader=loader)
 
 
 @functools.cache
-def _loader() -> type:
-    """PyYAML's safe loader, refusing aliases before it resolves them, and reading YAML 1.1's booleans, numbers
-    and dates as the text written (``title: 2020-01-01`` and ``tags: [yes, no]`` were dropped as not text,
-    ``title: 12:30`` became 750, ``0755`` 493; a 5,000-digit number raised past Python's conversion limit); made
-    once, on the first frontmatter."""
+def _loaders() -> tuple[type, ...]:
+    """PyYAML's safe loaders, libyaml's first where PyYAML has it, reading YAML 1.1's booleans, numbers and dates
+    as the text written (``title: 2020-01-01`` and ``tags: [yes, no]`` were dropped as not text, ``title: 12:30``
+    became 750, ``0755`` 493; a 5,000-digit number raised past Python's conversion limit); made once, on the first
+    frontmatter."""
     import yaml
 
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                raise _AliasRefused("frontmatter alias")
-            return super().compose_node(parent, index)
-
     as_text = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "timestamp")}
-    NoAliases.yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag not in as_text]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    resolvers = {
+        first: [(tag, rx) for tag, rx in found if tag not in as_text]
+        for first, found in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
-    return NoAliases
+    bases = (yaml.CSafeLoader, yaml.SafeLoader) if yaml.__with_libyaml__ else (yaml.SafeLoader,)
+    return tuple(type(f"Text{base.__name__}", (base,), {"yaml_implicit_resolvers": resolvers}) for base in bases)
 
 
 def strip_frontmatter(text: str) -> str:
