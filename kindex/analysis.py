@@ -43,7 +43,7 @@ import sys
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,10 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 14
+ANALYZER_VERSION = 15
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
 characters read as simplified; 12: a mapped character's target is never mapped again (薴 → 苎); 13: 於, 麽, 徵, 夥, 剋
-mapped too, and 帐 read as 账."""
+mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop words."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 # Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an
@@ -102,6 +102,7 @@ _EN_STOP = frozenset(
     via vs etc e.g i.e want need like way make does don't doesn't isn't ok okay yes yeah tell know think today
     can't won't aren't wasn't weren't didn't hasn't haven't shouldn't couldn't wouldn't it's what's that's let's
     there's here's who's where's how's i'm i've i'll i'd you're you've you'll we're we've they're they've
+    thx thnx tnx ty pls plz lol btw fyi imo imho
     """.split()
 )
 
@@ -348,6 +349,12 @@ def _jieba_class() -> Any:
 
 _SEGMENTERS = _Segmenters()
 _segmenter = _SEGMENTERS.for_text
+
+
+def stems(words: Sequence[str]) -> list[str]:
+    """The terms :func:`analyze` gives these lower-case ASCII words alone (their Snowball stems), uncached: for the
+    spelling variants of a word, made by the hundred and not asked for again."""
+    return list(_stemmer.stemWords(list(words)))
 
 
 def _stem(word: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import threading
 import time
 import unicodedata
@@ -39,6 +40,7 @@ from kindex.analysis import (
     is_number,
     mixes_letters_and_digits,
     normalize,
+    stems,
     surface_forms,
     traditional_runs,
     value_terms,
@@ -472,6 +474,8 @@ class _Scored:
     """The question's informative weight."""
     message: str = ""
     """The (bounded) question, for :meth:`shown`."""
+    fixed: dict[str, str] = field(default_factory=dict)
+    """Misspelt words read as the KB's (:func:`_misspelt`): the term read → the misspelt word's term."""
     _forms: dict[str, str] | None = None
     _runs: list[tuple[str, str]] = field(default_factory=list)
     _shown: tuple[dict[str, str], dict[str, tuple[str, ...]]] | None = None
@@ -571,6 +575,8 @@ class _Scored:
         if self._forms is None:
             self._forms = surface_forms(self.message)
             self._runs = traditional_runs(self.message)
+            for read, written in self.fixed.items():  # "enabel" matched, as typed, not the stem read for it
+                self._forms[read] = self._forms.get(written, written)
         return self._forms
 
     def heaviest(self, terms: Sequence[str], k: int) -> list[str]:
@@ -684,10 +690,78 @@ def _scored(loaded: _Loaded, message: str) -> _Scored:
     bounded = _bounded(message)
     english = not has_han(bounded)
     analysed = analyze(bounded, loaded.index.vocab)
+    fixed = _misspelt(loaded, bounded, analysed)
+    if fixed:
+        analysed = [fixed.get(term, term) for term in analysed]
     terms = list(dict.fromkeys(analysed))
     scored = _score(loaded, terms, value_terms(bounded), identifier_terms(bounded), english, analysed)
     scored.message = bounded
+    scored.fixed = {read: written for written, read in fixed.items()}
     return scored
+
+
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
+MAX_SPELLING_FIXES = 4
+"""Words of one message looked up as misspellings: each costs a few hundred lookups."""
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _misspelt(loaded: _Loaded, text: str, analysed: Sequence[str]) -> dict[str, str]:
+    """The terms of Latin words the KB never uses and English does not know, that one slip of the keyboard away
+    are a word the KB uses: term → that word's term. Such a word was weighed as another product's name, and one
+    typo made a question off topic (``How do I enabel CORS?``, ``upload a flie``, ``Dokcer``).
+
+    A slip is two letters swapped (any word of four letters or more), or for a word of six or more one letter left
+    out, added or mistyped that gives a word English knows: names of other products a letter away from a common
+    word are short (Nuxt and next, Kong and long, Vite and site), and a swap rarely makes a word. A word typed in
+    capitals is a name (VLOOKUP is not lookup). Of several, the one most documents hold."""
+    asked = set(analysed)
+    fixed: dict[str, str] = {}
+    seen: set[str] = set()
+    for m in _LATIN_WORD.finditer(text):
+        if len(fixed) == MAX_SPELLING_FIXES:
+            break
+        typed = m.group()
+        if not 4 <= len(typed) <= 24 or typed.isupper():  # VLOOKUP, NGINX: a name as written, not a slip
+            continue
+        word = typed.lower()
+        if word in seen:
+            continue
+        seen.add(word)
+        [term] = stems([word])
+        if term in fixed or term not in asked or english_rate(term) is not None or len(_row(loaded, term).docs):
+            continue
+        swapped = {word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(len(word) - 1)} - {word}
+        edited: set[str] = set()
+        if len(word) >= 6:
+            edited.update(word[:i] + word[i + 1 :] for i in range(len(word)))
+            edited.update(word[:i] + c + word[i:] for i in range(len(word) + 1) for c in _LETTERS)
+            edited.update(word[:i] + c + word[i + 1 :] for i in range(len(word)) for c in _LETTERS)
+        # A letter added, dropped or changed must give a word English knows: its stem may otherwise be the start
+        # of a longer word the KB uses (rebase, one letter from "rebale", would read as rebalance).
+        found = {t for t in stems(sorted(swapped)) if t != term}
+        found.update(t for t in stems(sorted(edited - swapped - {word})) if t != term and english_rate(t) is not None)
+        candidates = sorted(found)
+        holders = _holders(loaded, candidates)
+        best = int(np.argmax(holders)) if candidates else -1
+        if best >= 0 and holders[best] > 0:
+            fixed[term] = candidates[best]
+    return fixed
+
+
+def _holders(loaded: _Loaded, terms: Sequence[str]) -> npt.NDArray[np.int64]:
+    """How many postings each of ``terms`` has over all fields (0: the KB never uses it); one sorted lookup per
+    field for all of them."""
+    hashes = np.array([term_hash(t) for t in terms], dtype=np.uint64)
+    total = np.zeros(len(terms), dtype=np.int64)
+    for name in FIELDS:
+        table = loaded.index.fields[name]
+        if not len(table.hashes) or not len(hashes):
+            continue
+        at = np.minimum(np.searchsorted(table.hashes, hashes), len(table.hashes) - 1)
+        found = table.hashes[at] == hashes
+        total += np.where(found, table.offsets[at + 1] - table.offsets[at], 0)
+    return total
 
 
 def _saturate(body_weighted_tf: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

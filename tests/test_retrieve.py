@@ -552,6 +552,64 @@ def test_a_name_the_kb_never_uses_outweighs_one_it_mentions(tmp_path: Path) -> N
     assert kindex.retrieve.informative("sentinel", idf, 0, 0.0) == kindex.retrieve.NAME_WEIGHT * idf
 
 
+def _pages_kb(root: Path, pages: dict[str, tuple[str, str]]) -> Path:
+    """A KB of one theme ``t`` of one-line pages: {name: (title, text)}."""
+    docs = {
+        f"t/{name}.md": (_doc(f"{name}.md", title, text), f"# {title}\n\n{text}\n")
+        for name, (title, text) in pages.items()
+    }
+    return make_kb(root, docs)
+
+
+@pytest.mark.parametrize(
+    ("question", "first", "shown"),
+    [
+        ("How do I enabel CORS?", "t/cors.md", "enabel"),  # two letters swapped
+        ("upload a flie", "t/upload.md", "flie"),
+        ("Dokcer deployment", "t/docker.md", "Dokcer"),
+        ("configure authentcation", "t/auth.md", "authentcation"),  # a letter left out (six or more)
+        ("reset the passwird", "t/password.md", "passwird"),  # one mistyped
+        ("How do I enable CORS? thx", "t/cors.md", "CORS"),  # a chat word says nothing
+    ],
+)
+def test_a_slip_of_the_keyboard_is_read_as_the_kbs_word_not_a_name(
+    tmp_path: Path, question: str, first: str, shown: str
+) -> None:
+    # A newcomer's typo made 8 of 10 English questions off topic: a word neither the KB nor English knows was
+    # weighed as another product's name.
+    pages = {
+        "cors": ("CORS", "Enable CORS for a frontend on another origin."),
+        "upload": ("Upload a file", "Receive an uploaded file in a form."),
+        "docker": ("Docker", "Build an image and run the app in Docker for deployment."),
+        "auth": ("Authentication", "Configure authentication for every request."),
+        "password": ("Password reset", "Reset a forgotten password."),
+        "tests": ("Testing", "Write tests for the app with a test client."),
+        "next": ("Next steps", "What to read next."),
+    }
+    kb = _pages_kb(tmp_path, pages)
+    hits = kindex.search(kb, question)
+    assert hits and hits[0].path == first and shown in hits[0].matched, hits[:2]
+
+
+@pytest.mark.parametrize(
+    "question", ["Nuxt deploy", "Vite config", "deploy with Kubernetes", "rebase the config", "VLOOKUP in the config"]
+)
+def test_a_name_one_letter_from_a_kb_word_is_still_a_name(tmp_path: Path, question: str) -> None:
+    # Short names of other products are a letter away from common words (Nuxt and next, Vite and site): only a
+    # swap of two letters is read as a slip in a word under six letters. A longer word one letter from the start
+    # of a word the KB uses is no slip either (rebase and "rebale", whose stem is rebalance's), nor a name in
+    # capitals (VLOOKUP and lookup).
+    pages = {
+        "next": ("Next steps", "What to read next."),
+        "site": ("Site", "Deploy the site."),
+        "config": ("Config", "Deploy and configure the app."),
+        "rebalance": ("Rebalance", "Rebalance the config of the regions."),
+        "lookup": ("Lookup", "Lookup tables for the config."),
+    }
+    kb = _pages_kb(tmp_path, pages)
+    assert kindex.build_context(kb, question).fallback
+
+
 @pytest.mark.parametrize(("mentions", "on_topic"), [(2, False), (8, True)])
 def test_a_name_is_a_subject_once_its_count_shows_it(tmp_path: Path, mentions: int, on_topic: bool) -> None:
     # 装饰器 is a word the KB never uses, so the question needs a subject shared with a page. Python, a name, has no
