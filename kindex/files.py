@@ -174,3 +174,13 @@ def decode_document(data: bytes) -> str:
     except UnicodeDecodeError as exc:
         raise InvalidFileError(f"content is not valid UTF-8 (byte {exc.start}): save it as UTF-8") from None
     return text.lstrip("\ufeff")  # a mark saved twice over (an editor's round trip) is no text either
+
+
+def unopenable(exc: BaseException) -> str:
+    """Why a path could not be opened, in words and without the path (an ``OSError`` carries the absolute one)."""
+    if isinstance(exc, RuntimeError):
+        return "a symbolic link loop"
+    if isinstance(exc, ValueError):
+        return "not a usable path: a NUL byte or a character the file system cannot encode"
+    strerror = getattr(exc, "strerror", None)
+    return strerror or type(exc).__name__

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from kindex import config, generate, skills
 from kindex.errors import InvalidFileError, KBNotFoundError, NotFoundError, UsageError
-from kindex.files import identity, regular_file
+from kindex.files import identity, regular_file, unopenable
 from kindex.generate import Options
 from kindex.llm import LLMClient, LLMSettings
 from kindex.records import INDEX_FILE
@@ -116,6 +116,20 @@ class Settings:
         )
 
 
+def _usable(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """``path``, or :class:`KBNotFoundError` for one no file system can open (a NUL, a character it cannot encode):
+    the ``ValueError`` of ``os.path`` was a traceback, and a 500 from a service."""
+    try:
+        raw = os.fsencode(path)
+    except (TypeError, ValueError) as exc:
+        raw, problem = b"", unopenable(exc)
+    else:
+        problem = unopenable(ValueError()) if b"\0" in raw else ""
+    if problem:
+        raise KBNotFoundError(f"knowledge folder {os.fspath(path)!r:.300} cannot be opened ({problem})")
+    return path
+
+
 class KnowledgeBase:
     """One knowledge folder: index it, build contexts from it, and (for a skill library) manage its skills."""
 
@@ -129,7 +143,7 @@ class KnowledgeBase:
     ) -> None:
         """``settings`` as given, or (``None``) the KB's own: ``flags`` > environment > ``kindex.toml`` > defaults,
         read again whenever ``kindex.toml`` changes."""
-        self._as_given = os.path.abspath(path)
+        self._as_given = os.path.abspath(_usable(path))
         self._given = settings
         self._flags = dict(flags or {})
         self._client = client
@@ -513,8 +527,11 @@ def agent_folder(kb_root: Path, agent_id: str) -> Path:
     under ``kb_root`` (another agent's name for the same KB): one to ``kb_root`` itself would index and serve every
     agent's folder, one into another agent's folder a part of it, one out of ``kb_root`` anything."""
     check_agent_id(agent_id)
-    root = kb_root.resolve()
-    kb = (root / agent_id).resolve()
+    try:
+        root = kb_root.resolve()
+        kb = (root / agent_id).resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop for an agent's folder was a 500 on every route
+        raise KBNotFoundError(f"the folder of agent {agent_id!r} cannot be opened ({unopenable(exc)})") from None
     if kb.parent != root and kb.is_dir():
         # A folder is there, behind a link: "has no knowledge folder" sent its operator looking for a missing one.
         raise KBNotFoundError(
@@ -577,7 +594,7 @@ class Handles:
     def get(self, path: str | os.PathLike[str]) -> KnowledgeBase:
         # Resolved on every call, so a symlink switched to a new release of the KB is followed; ``realpath`` on the
         # string costs a third of ``Path.resolve()``, which is most of a warm search's overhead here.
-        key = os.path.realpath(path)
+        key = os.path.realpath(_usable(path))
         with self._lock:
             handle = self._handles.get(key)
             if handle is None:

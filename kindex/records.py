@@ -286,14 +286,22 @@ def theme_item_from(obj: Mapping[str, Any], dir_name: str) -> ThemeItem:
     return ThemeItem(**_filled(theme_fields(obj, dir_name), dir_name))
 
 
+BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte-order mark some editors put before a file they save."""
+
+
 def parse_index(data: bytes) -> tuple[Index, list[str]]:
     """Read an index file's bytes leniently: the entries that make sense, and a list of what did not.
 
     A file that holds to the schema is read as it is; any other is cleaned entry by entry. Raises
     :class:`InvalidFileError` when the bytes are not a JSON object at all.
     """
+    problems: list[str] = []
+    if data.startswith(BOM):  # saved again by an editor that marks UTF-8 (Notepad): the agent lost its context
+        data = data[len(BOM) :]
+        problems.append("starts with a byte-order mark (an editor's): read without it; the next step rewrites it")
     try:
-        return Index.model_validate_json(data), []
+        return Index.model_validate_json(data), problems
     except ValidationError:
         pass
     try:
@@ -302,7 +310,6 @@ def parse_index(data: bytes) -> tuple[Index, list[str]]:
         raise InvalidFileError(f"not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise InvalidFileError("not a JSON object")
-    problems: list[str] = []
     if obj.get("version") != INDEX_VERSION:
         problems.append(f"version is {obj.get('version')!r}, expected {INDEX_VERSION}")
     themes: list[ThemeItem] = []

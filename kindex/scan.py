@@ -34,7 +34,7 @@ from kindex.errors import (
     PathNotInThemeError,
     UsageError,
 )
-from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, walk
+from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, unopenable, walk
 from kindex.gcpause import collector_paused
 from kindex.globs import Compiled, any_match, normalize_path, split_globs
 from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
@@ -205,10 +205,25 @@ def kb_folder(kb: str | os.PathLike[str], holds: str = "your Markdown files") ->
     if not os.fspath(kb):  # Path("") is the working folder: `kindex reindex ""` indexed whatever that held
         raise KBNotFoundError(f"the knowledge folder's path is empty: pass the folder that holds {holds}")
     root = Path(kb)
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "does not exist"
-        raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds {holds}")
-    return root.resolve()
+    try:
+        if not root.is_dir():
+            what = (
+                "is not a folder"
+                if root.exists()
+                else "is a symbolic link that leads nowhere (a loop, or a target gone)"
+                if root.is_symlink()
+                else "does not exist"
+            )
+            raise KBNotFoundError(f"knowledge folder '{kb}' {what}: pass the folder that holds {holds}")
+        return root.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        # A folder kindex may not enter, a name too long, a link loop (RuntimeError from pathlib), a NUL or an
+        # unencodable character (ValueError), a working folder deleted under a relative path: a traceback, and a
+        # 500 from the service, where every other path problem is named.
+        raise KBNotFoundError(
+            f"knowledge folder {os.fspath(kb)!r:.300} cannot be opened ({unopenable(exc)}): pass the folder that "
+            f"holds {holds}"
+        ) from None
 
 
 @collector_paused()

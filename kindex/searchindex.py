@@ -52,7 +52,7 @@ from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_digest, headings_of, scan
-from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest
+from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest, refuse_foreign
 
 SEARCH_FILE = "search.npz"
 FORMAT = 5
@@ -682,9 +682,15 @@ def read_entries(kb: Path) -> Entries:
     except IndexMissingError:
         raise IndexMissingError(f"{INDEX_FILE} of {kb.name or kb} is a folder, not an index: remove it") from None
     except (OSError, InvalidFileError) as exc:
+        label = f"{INDEX_FILE} of {kb.name or kb}"
         raise IndexMissingError(
-            f"{INDEX_FILE} of {kb.name or kb} is unreadable ({exc}): run `kindex reindex`"
+            _refusal(root_path, label) or f"{label} is unreadable ({exc}): run `kindex reindex`"
         ) from None
+    if problems and (refused := _refusal(root_path, f"{INDEX_FILE} of {kb.name or kb}")):
+        # Another tool's JSON (an OpenAPI document) read as an index of nothing: "holds no documents yet" on
+        # every question, where a step refuses to replace the file.
+        raise IndexMissingError(refused)
+    problems = [f"{INDEX_FILE}: {p}" for p in problems]
     digests = [digest]
     # Each document by its one name (`./a.md`, `a//b.md` in a hand-edited index are `a.md`, `a/b.md`): listed as
     # written, the same file was searched and served twice.
@@ -719,10 +725,10 @@ def read_entries(kb: Path) -> Entries:
         except (OSError, InvalidFileError, IndexMissingError) as exc:
             # The reason without the absolute path an OSError carries: this reaches an HTTP service's tenants.
             why = "missing" if isinstance(exc, FileNotFoundError) else getattr(exc, "strerror", None) or str(exc)
-            problems.append(
-                f"{t.dir}/{INDEX_FILE} cannot be read ({why}): its documents are not searched until `kindex reindex` "
-                "writes it"
-            )
+            label = f"{t.dir}/{INDEX_FILE}"
+            refused = _refusal(kb / t.dir / INDEX_FILE, label)
+            fix = f": {refused}" if refused else ": its documents are not searched until `kindex reindex` writes it"
+            problems.append(f"{label} cannot be read ({why}){fix}")
             continue
         problems.extend(f"{t.dir}/{INDEX_FILE}: {p}" for p in sub_problems)
         docs.extend(
@@ -733,6 +739,17 @@ def read_entries(kb: Path) -> Entries:
     if len(unique) < len(docs):
         problems.append(f"{len(docs) - len(unique)} duplicate document entries ignored")
     return Entries(tuple(unique), tuple(themes), tuple(signature), tuple(digests), tuple(problems))
+
+
+def _refusal(path: Path, label: str) -> str | None:
+    """Why a step would refuse to replace the index file at ``path`` (another tool's, or a newer kindex's), which
+    says what to do instead; ``None`` when a step replaces it (kindex's own, damaged). Advising the step alone sent
+    its reader round in circles."""
+    try:
+        refuse_foreign(path, label)
+    except InvalidFileError as exc:
+        return exc.message.replace("move that file away and run again", "move that file away and run `kindex reindex`")
+    return None
 
 
 _UPDATING: dict[Path, threading.Event] = {}

@@ -153,7 +153,7 @@ class SkillShelf:
     """
 
     def __init__(self, kb: str | os.PathLike[str]) -> None:
-        self.root = Path(kb).resolve()
+        self.root = Path(os.path.realpath(kb))  # (Path.resolve raises on a link loop; the KB's checks say it)
         self._signature: tuple[Any, ...] | None = None
         self._loaded: tuple[dict[str, Skill], list[Problem]] = ({}, [])
         self._lock = threading.Lock()

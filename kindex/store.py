@@ -32,7 +32,7 @@ from kindex.errors import (
     ThemeFolderError,
 )
 from kindex.files import read_regular, regular_file
-from kindex.records import INDEX_FILE, INDEX_VERSION, Index, clean_text, parse_index
+from kindex.records import BOM, INDEX_FILE, INDEX_VERSION, Index, clean_text, parse_index
 
 STATE_DIR = ".kindex"
 _MAX_PARENT_INDEX_BYTES = 16 * 2**20
@@ -149,6 +149,8 @@ def refuse_foreign(path: Path, label: str) -> None:
         return  # unreadable: the write says so
     except InvalidFileError:
         data = None  # larger than any index kindex writes
+    if data is not None and data.startswith(BOM):  # kindex's file saved again by an editor is still kindex's
+        data = data[len(BOM) :]
     if data is not None and (not data.strip() or _AS_WRITTEN.match(data)):
         return  # empty, or as kindex writes it (whole or cut short): no parse of a 30 MB index on every step
     try:
@@ -158,19 +160,22 @@ def refuse_foreign(path: Path, label: str) -> None:
             return  # kindex's own, damaged (cut short by a full disk, say)
         what = "larger than any kindex index" if data is None else "no JSON kindex reads"
     else:
-        # Only kindex's keys: an API tool's manifest may well start with `{"version": 1` too.
-        if (
-            isinstance(obj, dict)
-            and obj.keys() <= _OWN_KEYS
-            and (obj.get("version") == 1 or all(isinstance(v, list) for v in obj.values()))
-        ):
-            return
         version = obj.get("version") if isinstance(obj, dict) else None
         if type(version) is int and version > INDEX_VERSION and obj.keys() <= _OWN_KEYS:
             raise InvalidFileError(
                 f"{label} was written by a newer kindex (index version {version}; this one writes "
                 f"{INDEX_VERSION}): upgrade kindex to index this folder, or move that file away to index it afresh"
             )
+        # Only kindex's keys: an API tool's manifest may well start with `{"version": 1` too. Its lists make it
+        # kindex's whatever a hand edit did to the version ("1", 1.0): "not a kindex index (an object with the keys
+        # documents, themes, version)" refused the one fix the answers advised.
+        lists = [obj[k] for k in ("themes", "documents") if k in obj] if isinstance(obj, dict) else []
+        if (
+            isinstance(obj, dict)
+            and obj.keys() <= _OWN_KEYS
+            and (version == 1 or (len(lists) > 0 and all(isinstance(v, list) for v in lists)) or not obj)
+        ):
+            return
         what = f"an object with the keys {', '.join(sorted(obj)[:5])}" if isinstance(obj, dict) else "no object"
     raise InvalidFileError(
         f"{label} holds a file that is not a kindex index ({what}): kindex writes its index there; move that "

@@ -17,12 +17,13 @@ from typing import Any
 import orjson
 
 from kindex.errors import KindexError
-from kindex.records import INDEX_FILE, schema_errors
+from kindex.records import BOM, INDEX_FILE, INDEX_VERSION, schema_errors
 from kindex.scan import scan
 from kindex.store import (
     StandIn,
     index_bytes,
     read_stand_ins,
+    refuse_foreign,
     refuse_theme_folder,
     root_index_path,
     theme_index_path,
@@ -115,16 +116,41 @@ def _load(path: Any, label: str, problems: list[str], fix: str) -> dict[str, Any
         # Not a guess (a 200 MB file was asked whether it was a folder): the reason says what it is.
         problems.append(f"{label}: cannot be read ({reason}); move it away, then run `{fix}`")
         return None
+    if data.startswith(BOM):  # read as retrieval reads it; a step writes it without
+        problems.append(f"{label}: starts with a byte-order mark (an editor's; run `{fix}` to rewrite it)")
+        data = data[len(BOM) :]
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        problems.append(f"{label}: not valid JSON ({exc})")
+        problems.append(f"{label}: not valid JSON ({exc}){_replace_advice(path, label, fix)}")
         return None
     if not isinstance(obj, dict):
-        problems.append(f"{label}: not a JSON object")
+        problems.append(f"{label}: not a JSON object{_replace_advice(path, label, fix)}")
         return None
-    problems.extend(f"{label}: {p}" for p in schema_errors(data))
+    errors = schema_errors(data)
+    if errors and not obj.keys() & {"version", "themes", "documents"}:
+        # Another tool's JSON (an OpenAPI document): one problem, not one per key and per missing entry, each
+        # advising a step that refuses to replace the file.
+        keys = ", ".join(sorted(obj)[:5])
+        problems.append(
+            f"{label}: not a kindex index (an object with the keys {keys}){_replace_advice(path, label, fix)}"
+        )
+        return None
+    problems.extend(f"{label}: {p}" for p in errors)
+    if isinstance(obj.get("version"), (bool, float)):  # JSON true and 1.0 equal 1 in Python: the schema let them by
+        problems.append(f"{label}: version breaks the contract: the integer {INDEX_VERSION}, not {obj['version']!r}")
     return obj
+
+
+def _replace_advice(path: Any, label: str, fix: str) -> str:
+    """What to run for an index file that holds no index: the step itself when it will replace the file (kindex's
+    own, damaged), else moving the file away first (a step refuses to overwrite another tool's file, and advising
+    only the step sent its reader round in circles)."""
+    try:
+        refuse_foreign(path, label)
+    except KindexError:
+        return f"; it is not kindex's: move it away, then run `{fix}`"
+    return f"; run `{fix}` to write it afresh"
 
 
 def _list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:

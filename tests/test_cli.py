@@ -344,3 +344,25 @@ def test_a_message_that_starts_with_a_dash_is_told_to_go_after_double_dash(sampl
     assert result.exit_code == 2 and "goes after `--`: kindex context KB -- " in result.stderr
     result = CliRunner().invoke(main, ["context", str(sample_kb), "--bugdet", "3"])
     assert result.exit_code == 2 and "Did you mean '--budget'?" in result.stderr and "`--`" not in result.stderr
+
+
+def test_output_that_cannot_be_written_is_said_not_a_traceback(sample_kb: Path) -> None:
+    # A hostile campaign: standard output in latin-1 (a Windows redirect, a GBK locale meeting an emoji) and a full
+    # disk under the output each ended the command in a traceback after its work was done.
+    command = [sys.executable, "-m", "kindex.cli"]
+    subprocess.run([*command, "reindex", str(sample_kb)], capture_output=True, check=True)
+    latin = subprocess.run(
+        [*command, "search", str(sample_kb), "退款"],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "latin-1"},
+    )
+    assert latin.returncode == 0 and b"billing/????.md" in latin.stdout and b"Traceback" not in latin.stderr
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    for as_json in ((), ("--json",)):
+        with open("/dev/full", "wb") as full:
+            failed = subprocess.run(
+                [*command, "context", str(sample_kb), "退款", *as_json], stdout=full, stderr=subprocess.PIPE
+            )
+        assert failed.returncode == 1 and b"Error: No space left on device" in failed.stderr, failed.stderr
+        assert b"Traceback" not in failed.stderr

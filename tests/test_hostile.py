@@ -1147,3 +1147,73 @@ def test_validate_says_an_oversized_index_file_is_one(sample_kb: Path) -> None:
         "billing/index.json: cannot be read (index.json is larger than 64 MiB); move it away, then run "
         f"`kindex sub {sample_kb} billing`"
     ]
+
+
+def test_an_index_saved_again_with_a_byte_order_mark_is_read_and_rewritten(indexed: Path) -> None:
+    # Notepad's UTF-8 mark on the root index took the agent's whole context away, and every fix advised (reindex)
+    # was refused as "not a kindex index".
+    for rel in ("index.json", "billing/index.json"):
+        (indexed / rel).write_bytes(b"\xef\xbb\xbf" + (indexed / rel).read_bytes())
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert not ctx.fallback and ctx.items[0].path == "billing/退款政策.md"
+    said = "starts with a byte-order mark (an editor's): read without it; the next step rewrites it"
+    assert {f"index.json: {said}", f"billing/index.json: {said}"} <= set(ctx.warnings)
+    assert [p.split(":")[0] for p in kindex.validate(indexed)] == ["index.json", "billing/index.json"]
+    assert kindex.reindex(indexed).ok
+    assert not (indexed / "index.json").read_bytes().startswith(b"\xef") and kindex.validate(indexed) == []
+
+
+@pytest.mark.parametrize("version", ['"1"', "1.0", "true"])
+def test_a_hand_edited_version_leaves_the_file_kindexs(indexed: Path, version: str) -> None:
+    # `"version": "1"` made a step refuse the file as another tool's ("an object with the keys documents, themes,
+    # version": kindex's own keys); `true` and `1.0` were called valid (they equal 1 in Python).
+    theme = indexed / "sync" / "index.json"
+    theme.write_text(theme.read_text(encoding="utf-8").replace('"version": 1,', f'"version": {version},', 1), "utf-8")
+    assert any(p.startswith("sync/index.json: version") for p in kindex.validate(indexed))
+    assert kindex.reindex(indexed).ok and kindex.validate(indexed) == []
+
+
+def test_another_tools_index_json_is_named_with_the_one_fix_that_works(indexed: Path) -> None:
+    # An OpenAPI document as index.json answered "This knowledge base holds no documents yet" and validate advised
+    # `kindex root` seven times, which refuses the file; a theme index with a comment advised `kindex reindex`.
+    (indexed / "account" / "index.json").write_text("// notes\n{}", encoding="utf-8")
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    [said] = [w for w in ctx.warnings if w.startswith("account/index.json")]
+    assert said.endswith("move that file away and run `kindex reindex`")
+    (indexed / "index.json").write_text('{"openapi": "3.0.0", "info": {"title": "x"}}', encoding="utf-8")
+    with pytest.raises(kindex.IndexMissingError) as caught:
+        kindex.build_context(indexed, "退款多久到账")
+    assert "not a kindex index (an object with the keys info, openapi)" in str(caught.value)
+    assert str(caught.value).endswith("move that file away and run `kindex reindex`")
+    problems = kindex.validate(indexed)
+    assert [p for p in problems if p.startswith("index.json")] == [
+        f"index.json: not a kindex index (an object with the keys info, openapi); it is not kindex's: move it away, "
+        f"then run `kindex reindex {indexed}`"
+    ]
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("shape", ["loop", "nul", "long"])
+def test_a_kb_path_that_cannot_be_opened_is_kb_not_found(tmp_path: Path, shape: str) -> None:
+    # pathlib's RuntimeError for a link loop, ValueError for a NUL, OSError for a name over 255 bytes: tracebacks
+    # from every command, and a 500 from the service.
+    (tmp_path / "loop").symlink_to("loop")
+    kb = {"loop": str(tmp_path / "loop"), "nul": f"{tmp_path}/a\x00b", "long": str(tmp_path / ("a" * 300) / "kb")}[
+        shape
+    ]
+    said = {
+        "loop": "is a symbolic link that leads nowhere (a loop, or a target gone)",
+        "nul": "cannot be opened (not a usable path",
+        "long": "cannot be opened (File name too long)",
+    }[shape]
+    for call in (kindex.search, kindex.build_context):
+        with pytest.raises(kindex.KBNotFoundError) as caught:
+            call(kb, "退款")
+        assert said in str(caught.value)
+    if shape != "nul":  # (a command line cannot hold a NUL)
+        code, _, err = _cli("search", kb, "退款")
+        assert code == 1 and said in err and "Traceback" not in err

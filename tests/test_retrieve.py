@@ -402,7 +402,7 @@ def test_a_hand_edited_index_with_a_nul_or_a_huge_value_is_answered_with_short_w
     ctx = kindex.build_context(indexed, "退款一般多久能到账")
 
     assert ctx.items[0].path == "billing/退款政策.md"  # the rest of the index still serves
-    assert "themes[4] is not a usable entry" in ctx.warnings
+    assert "index.json: themes[4] is not a usable entry" in ctx.warnings  # the file named, as a theme's is
     assert any(w.startswith("billing/index.json: version is 'VVV") for w in ctx.warnings)
     assert all(len(w) <= 300 for w in ctx.warnings if not w.startswith("the saved search tables"))
 

@@ -359,6 +359,12 @@ def test_a_symlinked_agent_folder_cannot_leave_the_root(kb_root: Path, tmp_path:
         "(--kb-root): it is not served"
     )
     assert str(kb_root.parent) not in r.text
+    # A link loop for an agent's folder was a 500 (pathlib's RuntimeError) on every route of that agent.
+    (kb_root / "loop").symlink_to("loop")
+    for method, route, body in (("GET", "reindex/preview", None), ("POST", "context", {"message": "退款"})):
+        r = call(app, method, f"/v1/agents/loop/knowledge/{route}", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "kb_not_found"), r.text
+        assert "'loop' cannot be opened (a symbolic link loop)" in r.json()["error"]["message"]
 
 
 def test_the_token_is_required_everywhere_but_healthz(app: FastAPI) -> None:

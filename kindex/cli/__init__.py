@@ -6,12 +6,15 @@ Exit status: 0 success, 1 failure, 2 usage error, 3 a run that finished but left
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import difflib
 import importlib
+import io
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 # A one-shot command needs no pydantic plugin, and looking for them scans every installed distribution's entry
 # points (~80 ms of `kindex context` here). The records' schemas are built on first use (defer_build), after this
@@ -22,7 +25,7 @@ import click
 import orjson
 
 from kindex.cli.options import EXIT_INTERRUPTED
-from kindex.errors import KindexError, UsageError
+from kindex.errors import KindexError, StorageError, UsageError
 
 
 class _Group(click.Group):
@@ -76,16 +79,31 @@ class _Group(click.Group):
                 _json_error(UsageError.code, exc.format_message())
             raise exc from None
         except KindexError as exc:
-            # Each error class carries its exit status: usage errors exit 2 (with click's usage hint), an
-            # interrupted run 130, every other failure 1.
-            if as_json:  # a script reading stdout gets an answer it can parse, failures included
-                _json_error(exc.code, exc.message)
-            if exc.exit_code == click.UsageError.exit_code:
-                raise click.UsageError(exc.message) from None
-            if exc.exit_code != 1:
-                click.echo(f"kindex: {exc.message}", err=True)
-                sys.exit(exc.exit_code)
-            raise click.ClickException(exc.message) from None
+            _fail(exc, as_json)
+        except BrokenPipeError:  # `kindex search KB q | head -3`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing at exit
+            sys.exit(1)
+        except (OSError, RuntimeError) as exc:
+            # What a command could not read or write outside kindex's own checks (its output on a full disk, an
+            # argument that is a link loop, which pathlib raises as a RuntimeError): said, never a traceback.
+            if isinstance(exc, RuntimeError) and not str(exc).startswith("Symlink loop"):
+                raise
+            name = getattr(exc, "filename", None)
+            _fail(StorageError(f"{getattr(exc, 'strerror', None) or exc}{f': {name}' if name else ''}"), as_json)
+
+
+def _fail(exc: KindexError, as_json: bool) -> NoReturn:
+    """Each error class carries its exit status: usage errors exit 2 (with click's usage hint), an interrupted
+    run 130, every other failure 1."""
+    if as_json:  # a script reading stdout gets an answer it can parse, failures included
+        with contextlib.suppress(OSError):  # the output itself may be what failed
+            _json_error(exc.code, exc.message)
+    if exc.exit_code == click.UsageError.exit_code:
+        raise click.UsageError(exc.message) from None
+    if exc.exit_code != 1:
+        click.echo(f"kindex: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    raise click.ClickException(exc.message) from None
 
 
 _OPTION_LIKE = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
@@ -123,6 +141,11 @@ def main() -> None:
     Exit status: 0 done, 1 failed, 2 wrong usage, 3 some documents failed (they kept a stand-in entry: run again
     to retry them), 130 interrupted (nothing half-written).
     """
+    # Output in an encoding that cannot hold every character (a Windows redirect in cp1252, a GBK locale meeting
+    # an emoji) prints those as "?" instead of ending the command in a traceback after its work was done.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and codecs.lookup(stream.encoding).name != "utf-8":
+            stream.reconfigure(errors="replace")
 
 
 # Each command's module is imported only when that command runs, so `kindex context` loads the retrieval path
