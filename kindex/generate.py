@@ -278,9 +278,15 @@ def _run(
                     "every index file and the search tables are written; there is nothing to run again",
                     done,
                 ) from None
+            # No count of answers: calls made are not answers received (nine failed calls were "9 answers cached").
+            again = (
+                "run it again without --force to finish (with --force every document is asked again)"
+                if opts.force
+                else "run the same command again to finish"
+            )
             raise InterruptedRun(
-                f"interrupted after {done.completed} of {done.total} steps; the {done.calls} answers received "
-                "are cached and every index file is intact: run the same command again to finish",
+                f"interrupted after {done.completed} of {done.total} steps; the answers received are cached and "
+                f"every index file is intact: {again}",
                 done,
             ) from None
         finally:

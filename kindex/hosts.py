@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from urllib.parse import urlsplit, urlunsplit
 
 SEND_TOKEN = "send the API token as `Authorization: Bearer <token>`"
 
@@ -34,3 +35,15 @@ def token_refusal(authorization: bytes, token: str) -> str | None:
     if not hmac.compare_digest(given.strip(), token.encode()):
         return "the API token sent is not this server's (KINDEX_API_TOKEN where it runs): check the token"
     return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the credentials its user part holds (``http://user:secret@host/v1`` → ``http://***@host/v1``),
+    for logs, notes and answers; one that does not parse is hidden whole."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))

@@ -47,7 +47,7 @@ from kindex.retrieve import (
     Retriever,
     check_context_options,
 )
-from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library
+from kindex.skillmodel import Closure, Problem, Skill, SkillShelf, closure, is_skill_library, library_folder
 from kindex.validate import validate
 
 T = TypeVar("T")
@@ -328,8 +328,8 @@ class KnowledgeBase:
         """One best hit per skill for ``query``, best first (see :func:`kindex.skills.find_skills`);
         :class:`NotFoundError` for a KB that is no skill library (`kindex find` said "no skill matches" of it)."""
         known, _ = self._skills.load()
-        if not known and not self.is_skill_library:
-            raise NotFoundError("this knowledge folder is not a skill library (no folder holds a SKILL.md)")
+        if not known:
+            library_folder(self._path)  # a folder gone, or no library: said as such (it said "no skill matches")
         return skills.find_skills(self.retriever, known, query, limit=limit, levels=levels)
 
     def skill(self, name: str) -> Skill:
@@ -347,7 +347,10 @@ class KnowledgeBase:
 
     def validate_skills(self) -> list[Problem]:
         """Every Agent Skills rule the library breaks, with the file."""
-        return self._skills.load()[1]
+        known, problems = self._skills.load()
+        if not known and not problems:
+            library_folder(self._path)
+        return problems
 
     def import_skill(self, data: bytes, *, replace: bool = False, **limits: int) -> ImportResult:
         """Install a one-skill ZIP and index it (see :func:`kindex.skills.import_skill`)."""

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from kindex.config import DEFAULTS, RESPONSE_FORMATS, Effective, resolve
 from kindex.errors import ModelCallError, ModelError, UsageError
+from kindex.hosts import redact_url
 from kindex.records import clean_text
 
 Message = Mapping[str, str]
@@ -306,7 +307,7 @@ class LiteLLMClient:
                     # answer quoted, was taken for a rate limit when the answer held the word.
                     raise ModelCallError(unreadable, attempt, transient=False) from None
                 if attempt >= s.retries:
-                    where = s.api_base or "the provider"
+                    where = redact_url(s.api_base) if s.api_base else "the provider"
                     failure = _connection_failure(exc)
                     detail = {
                         "refused": f"cannot connect to {where}",

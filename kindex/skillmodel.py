@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kindex.errors import InvalidFileError, SkillError
+from kindex.errors import InvalidFileError, NotFoundError, SkillError
 from kindex.files import MAX_FOLDER_DEPTH, read_regular, regular_file, walk
 from kindex.records import INDEX_FILE, THEME_TAGS_MAX, ThemeItem, clean_tags, clean_text
 from kindex.results import Context, SkillClosure
-from kindex.scan import MAX_DOC_BYTES, split_frontmatter
+from kindex.scan import MAX_DOC_BYTES, kb_folder, split_frontmatter
 
 SKILL_FILE = "SKILL.md"
 NAME = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -141,6 +141,18 @@ def is_skill_library(kb: Path) -> bool:
     return bool(skill_folders(kb))
 
 
+def library_folder(kb: str | os.PathLike[str]) -> Path:
+    """``kb`` resolved when it is an Agent Skills library: :class:`kindex.KBNotFoundError` without the folder,
+    :class:`kindex.NotFoundError` when no folder of it holds a ``SKILL.md``. `kindex skills validate` said "skills
+    are valid" of a folder that does not exist, a file and a plain KB (a CI check passing on a wrong path), and a
+    sync from a plain KB reported success."""
+    root = kb_folder(kb, holds=f"your skills (a folder per skill, each holding a {SKILL_FILE})")
+    if not is_skill_library(root):
+        # (Without the path: the service's tenants never see where their folder is.)
+        raise NotFoundError(f"this folder is not a skill library (no folder of it holds a {SKILL_FILE})")
+    return root
+
+
 def load_skills(kb: str | os.PathLike[str]) -> tuple[dict[str, Skill], list[Problem]]:
     """The valid skills of a library by name, and every rule broken (frontmatter and dependencies)."""
     return _load_skills(skill_folders(Path(kb).resolve()))
@@ -204,8 +216,9 @@ def _load_skills(folders: list[Path]) -> tuple[dict[str, Skill], list[Problem]]:
 
 
 def validate_skills(kb: str | os.PathLike[str]) -> list[Problem]:
-    """Every Agent Skills rule the library breaks, with the file."""
-    return load_skills(kb)[1]
+    """Every Agent Skills rule the library breaks, with the file (see :func:`library_folder` for a folder that is
+    none)."""
+    return load_skills(library_folder(kb))[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from kindex.skillmodel import (
     Skill,
     closure,
     holds_skill,
+    library_folder,
     load_skills,
     package_files,
     read_skill,
@@ -380,7 +381,7 @@ def _reindex_skill(root: Path, name: str, opts: generate.Options) -> RunReport:
 def export_skill(kb: str | os.PathLike[str], name: str, out: str | os.PathLike[str] | None = None) -> bytes:
     """The skill ``name`` as a ZIP (``name/…``, index files and hidden files left out); written to ``out`` if given."""
     _check_name(name)
-    folder = Path(kb).resolve() / name
+    folder = library_folder(kb) / name
     if not NAME.fullmatch(name) or not holds_skill(folder):
         raise NotFoundError(f"no skill named {name!r} in {kb}")
     buf = io.BytesIO()
@@ -474,7 +475,7 @@ def sync_skills(
     so an interrupted sync leaves the previous skills intact. With ``zip_out`` the changed skills and the manifest
     go into that ZIP instead (``previous`` is then the manifest the remote side holds).
     """
-    skills, _ = load_skills(src)  # a skill breaking the rules is not synced; `kindex skills validate` says why
+    skills, _ = load_skills(library_folder(src))  # a skill breaking the rules is not synced (validate says why)
     unknown = [n for n in only if n not in skills]
     if unknown:
         raise NotFoundError(f"no skill named {', '.join(map(repr, unknown))} in {src}")

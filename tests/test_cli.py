@@ -366,3 +366,64 @@ def test_output_that_cannot_be_written_is_said_not_a_traceback(sample_kb: Path) 
             )
         assert failed.returncode == 1 and b"Error: No space left on device" in failed.stderr, failed.stderr
         assert b"Traceback" not in failed.stderr
+
+
+def test_a_password_in_the_api_base_is_never_printed(sample_kb: Path) -> None:
+    # `kindex config` and the generator line of every step printed http://user:hunter2@… in clear (the service
+    # already hid the queue's).
+    env = {"KINDEX_API_BASE": "http://user:hunter2@127.0.0.1:9/v1", "KINDEX_MODEL": "openai/x"}
+    for args in (("config", str(sample_kb)), ("config", str(sample_kb), "--json")):
+        code, out, err = run(*args, env=env)
+        assert code == 0 and "hunter2" not in out + err and "http://***@127.0.0.1:9/v1" in out
+    from kindex.hosts import redact_url
+
+    assert redact_url("redis://:pw@host:6379/0") == "redis://***@host:6379/0"
+    assert redact_url("http://host/v1/a@b") == "http://host/v1/a@b"  # an @ in the path is no user part
+    assert redact_url("http://[::1") == "***"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("skills", "validate", "{gone}"),
+        ("skills", "validate", "{file}"),
+        ("skills", "validate", "{plain}"),
+        ("skills", "validate", "{plain}", "--json"),
+        ("find", "{gone}", "pdf"),
+        ("skills", "export", "{gone}", "foo", "-o", "{out}"),
+        ("skills", "sync", "{plain}", "{out}"),
+    ],
+)
+def test_a_folder_that_is_no_skill_library_is_said_not_passed(
+    sample_kb: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    # A newcomer's run: `skills validate` said "skills are valid" (exit 0) of a missing folder, a file and a plain
+    # KB (a CI check passing on a wrong path); `find` and `export` of a missing folder blamed the library or the
+    # skill; a sync from a plain KB reported success and wrote a manifest.
+    where = {"gone": tmp_path / "nope", "file": sample_kb / "导读.md", "plain": sample_kb, "out": tmp_path / "ws"}
+    code, out, err = run(*(a.format(**where) for a in args))
+    said = out + err
+    assert code == 1 and "skills are valid" not in said and not (tmp_path / "ws").exists()
+    if "{gone}" in args:
+        assert "does not exist: pass the folder that holds your skills" in said
+    elif "{file}" in args:
+        assert "is not a folder" in said
+    else:
+        assert "this folder is not a skill library (no folder of it holds a SKILL.md)" in said
+
+
+def test_a_document_named_without_its_theme_gets_the_command_that_works(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `kindex doc KB 退款政策.md` (the theme left out) said to run `kindex root`, which does not touch it; a name no
+    # document has said the same.
+    assert run("reindex", str(sample_kb))[0] == 0
+    code, _, err = run("doc", str(sample_kb), "退款政策.md")
+    assert code == 2 and f"`kindex doc {sample_kb} 'billing/退款政策.md'`" in err and "kindex root" not in err
+    code, _, err = run("doc", str(sample_kb), "无此文档.md")
+    assert code == 2 and "is not a document of" in err and "kindex root" not in err
+    # A name the KB holds at its root is the root's, whatever folder the command runs from.
+    (sample_kb / "billing" / "导读.md").write_text("# 计费导读\n\n正文。\n", encoding="utf-8")
+    monkeypatch.chdir(sample_kb / "billing")
+    code, _, err = run("doc", str(sample_kb), "导读.md")
+    assert code == 2 and f"run `kindex root {sample_kb}`" in err

@@ -146,18 +146,19 @@ def test_sigkill_at_any_point_leaves_valid_files_and_the_rerun_pays_only_the_res
 
 
 @pytest.mark.parametrize(
-    ("stop", "after"),
-    [(signal.SIGINT, 4), (signal.SIGTERM, 4), (signal.SIGTERM, 1)],
-    ids=["Ctrl-C", "SIGTERM", "SIGTERM at the first call"],
+    ("stop", "after", "force"),
+    [(signal.SIGINT, 4, ()), (signal.SIGTERM, 4, ()), (signal.SIGTERM, 1, ()), (signal.SIGINT, 4, ("--force",))],
+    ids=["Ctrl-C", "SIGTERM", "SIGTERM at the first call", "Ctrl-C of --force"],
 )
 def test_ctrl_c_stops_cleanly_with_a_summary(
-    sample_kb: Path, fake_llm: FakeLLM, stop: signal.Signals, after: int
+    sample_kb: Path, fake_llm: FakeLLM, stop: signal.Signals, after: int, force: tuple[str, ...]
 ) -> None:
     # SIGTERM is what `timeout`, a CI job's end or systemd send: it ended the run without a word (exit 143); then,
     # raised as a KeyboardInterrupt inside a task, with asyncio's "Task exception was never retrieved" tracebacks.
+    # After --force, "run the same command again" asked every document again: a plain run finishes it.
     fake_llm.script = lambda r: Reply(well_behaved(r).content, latency=0.3)
     run = subprocess.Popen(
-        kindex_cmd("reindex", str(sample_kb), "--concurrency", "2"),
+        kindex_cmd("reindex", str(sample_kb), "--concurrency", "2", *force),
         env=env_for(fake_llm),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -168,7 +169,8 @@ def test_ctrl_c_stops_cleanly_with_a_summary(
     _, err = run.communicate(timeout=60)
 
     assert run.returncode == 130
-    assert "kindex: interrupted after " in err and "run the same command again to finish" in err
+    again = "run it again without --force to finish" if force else "run the same command again to finish"
+    assert "kindex: interrupted after " in err and again in err and "; the answers received are cached" in err
     assert "Traceback" not in err and "never retrieved" not in err and "was never awaited" not in err, err
     assert_files_conform(sample_kb)
     assert list(sample_kb.rglob("*.tmp")) == []

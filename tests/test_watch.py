@@ -120,16 +120,21 @@ def test_kindexs_own_writes_and_other_files_are_not_changes(
     assert running.updates.empty()
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; systemd's and `docker stop`'s stop
-def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly(sample_kb: Path, stop: signal.Signals) -> None:
+def _kindex_watch(kb: Path) -> subprocess.Popen[str]:
+    """`kindex watch KB --json` in a process of its own, offline."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "KINDEX_MODEL": ""}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kindex.cli", "watch", str(sample_kb), "--json", "--debounce", "100"],
+    return subprocess.Popen(
+        [sys.executable, "-m", "kindex.cli", "watch", str(kb), "--json", "--debounce", "100"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; systemd's and `docker stop`'s stop
+def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly(sample_kb: Path, stop: signal.Signals) -> None:
+    proc = _kindex_watch(sample_kb)
     try:
         assert proc.stdout is not None and proc.stderr is not None
         first = orjson.loads(proc.stdout.readline())
@@ -145,6 +150,20 @@ def test_kindex_watch_prints_a_line_per_update_and_stops_cleanly(sample_kb: Path
     finally:
         proc.kill()
     assert kindex.validate(sample_kb) == []
+
+
+def test_kindex_watch_fails_when_its_folder_is_gone(sample_kb: Path) -> None:
+    # It exited 0: a supervisor restarting it on failure never watched the folder a sync job deleted and cloned.
+    proc = _kindex_watch(sample_kb)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert orjson.loads(proc.stdout.readline())["steps"] == ["reindex"]
+        assert "watching" in proc.stderr.readline()
+        shutil.rmtree(sample_kb)
+        assert proc.wait(timeout=60) == 1
+        assert f"Error: knowledge folder '{sample_kb}' is gone: stopped watching it" in proc.stderr.read()
+    finally:
+        proc.kill()
 
 
 @pytest.fixture

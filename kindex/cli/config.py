@@ -9,6 +9,7 @@ import click
 from kindex.cli.options import json_opt, kb_arg, print_json
 from kindex.config import CONFIG_FILE, SETTINGS, resolve
 from kindex.errors import KBNotFoundError
+from kindex.hosts import redact_url
 
 
 @click.command("config")
@@ -34,8 +35,12 @@ def config_cmd(kb: str, as_json: bool) -> None:
         what = "is not a folder" if Path(kb).exists() else "does not exist"
         raise KBNotFoundError(f"knowledge folder '{kb}' {what}")
     eff = resolve(kb)
+    shown = {
+        s.name: redact_url(v) if s.name == "api_base" and isinstance(v := eff[s.name], str) else eff[s.name]
+        for s in SETTINGS
+    }
     if as_json:
-        print_json({s.name: {"value": _json(eff[s.name]), "source": eff.sources[s.name]} for s in SETTINGS})
+        print_json({s.name: {"value": _json(shown[s.name]), "source": eff.sources[s.name]} for s in SETTINGS})
         return
     click.echo(f"# settings of {kb} (flag > environment > {CONFIG_FILE} > default)")
     section = ""
@@ -43,7 +48,7 @@ def config_cmd(kb: str, as_json: bool) -> None:
         if s.section != section:
             section = s.section
             click.echo(f"[{section}]")
-        value = eff[s.name]
+        value = shown[s.name]
         line = f"# {s.name} is unset" if value is None else f"{s.name} = {_toml(value)}"
         click.echo(f"{line}  # {eff.sources[s.name]}: {s.help}")
 

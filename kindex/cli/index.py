@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,10 +18,11 @@ from kindex import generate
 from kindex.cli.options import EXIT_PARTIAL, F, json_opt, kb_arg, sigterm_as_ctrl_c
 from kindex.config import RESPONSE_FORMATS
 from kindex.globs import normalize_path
+from kindex.hosts import redact_url
 from kindex.kb import Settings
 from kindex.llm import LLMSettings
 from kindex.results import RunReport
-from kindex.scan import DEFAULT_EXCERPT_CHARS, kb_folder
+from kindex.scan import DEFAULT_EXCERPT_CHARS, kb_folder, scan
 from kindex.validate import validate as validate_kb
 
 
@@ -84,7 +86,7 @@ def options_from(kb: str, kw: dict[str, Any], bar: Callable[[generate.Progress],
 
 def _announce(llm: LLMSettings) -> None:
     if llm.configured:
-        where = f" at {llm.api_base}" if llm.api_base else ""
+        where = f" at {redact_url(llm.api_base)}" if llm.api_base else ""  # (a password in it stays off the log)
         click.echo(f"kindex: generator: model {llm.model}{where}", err=True)
     else:
         click.echo(
@@ -186,7 +188,13 @@ def reindex(kb: str, dry_run: bool, **kw: Any) -> None:
     """Write the whole index: KB/index.json, then every theme's KB/<theme>/index.json.
 
     Unchanged documents are answered from the cache under KB/.kindex/, so a re-run costs only what changed.
-    Ctrl-C stops cleanly: what was answered is kept, and running again finishes the job.
+    Ctrl-C stops cleanly: what was answered is kept, and running again (without --force) finishes the job.
+
+    \b
+    Example:
+      kindex reindex sample_kb                                 offline, no key needed
+      kindex reindex docs/ --model openai/gpt-4o-mini --dry-run   what a model run would cost
+      kindex reindex docs/ --model openai/gpt-4o-mini
     """
     if dry_run:
         as_json = kw.pop("as_json")
@@ -266,8 +274,10 @@ def doc_cmd(kb: str, dir_name: str, path: str | None, clear_dir: bool, **kw: Any
             root = f"the root index holds the entries of documents directly under it: run `kindex root {kb}`"
             if rel in ("", "."):
                 raise click.UsageError(f"'{dir_name}' is the knowledge folder itself: {root}")
-            if rel.endswith(".md"):
+            if rel.endswith(".md") and (Path(kb) / rel).is_file():
                 raise click.UsageError(f"'{dir_name}' is directly under the knowledge folder: {root}")
+            if rel.endswith(".md"):  # a theme left out (`kindex doc KB cors.md`): it was sent to `kindex root`
+                raise click.UsageError(_where_is(kb, rel))
             raise click.UsageError(
                 "give the document: `kindex doc KB DIR PATH` (PATH relative to DIR), or DIR/PATH as search prints it"
             )
@@ -275,10 +285,22 @@ def doc_cmd(kb: str, dir_name: str, path: str | None, clear_dir: bool, **kw: Any
     _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
 
 
+def _where_is(kb: str, name: str) -> str:
+    """What to run for a document named without its theme: the documents of the KB that have that name."""
+    found = [d.rel for d in scan(kb).documents if d.rel.rsplit("/", 1)[-1] == name]
+    if not found:
+        return f"'{name}' is not a document of {kb} (none of its documents has that name): check the name"
+    fixes = " or ".join(f"`kindex doc {shlex.quote(kb)} {shlex.quote(rel)}`" for rel in found[:5])
+    return f"'{name}' is not directly under the knowledge folder; its documents of that name: {fixes}"
+
+
 def _in_kb(kb: str, given: str) -> str:
     """``given`` as a KB-relative path: as written (``billing/a.md``, ``./billing/a.md``, ``billing\\a.md``), or
-    a path to the file itself, absolute or from here, that lies in KB (``/srv/kb/billing/a.md``)."""
+    a path to the file itself, absolute or from here, that lies in KB (``/srv/kb/billing/a.md``). A path the KB
+    holds as written is the KB's: from inside ``KB/tutorial``, ``index.md`` is the root one, not the folder's."""
     try:
+        if (Path(kb) / normalize_path(given)).exists():
+            return normalize_path(given)
         target = Path(given).resolve()
         if (Path(given).is_absolute() or target.exists()) and target.is_relative_to(root := Path(kb).resolve()):
             return target.relative_to(root).as_posix()

@@ -18,7 +18,7 @@ from kindex.cli.index import concurrency_opt
 from kindex.cli.options import kb_root_opt
 from kindex.errors import KindexError, UsageError, missing_extra
 from kindex.files import regular_file
-from kindex.hosts import loopback
+from kindex.hosts import loopback, redact_url
 from kindex.jsonlog import LOG_CONFIG
 from kindex.records import INDEX_FILE
 
@@ -62,7 +62,7 @@ def serve(kb_root: str, host: str, port: int, concurrency: int | None, queue: st
     logging.config.dictConfig(LOG_CONFIG)
     app = create_app(kb_root, token=token, host=host, concurrency=concurrency, queue=queue)
     auth = "bearer token required" if token else "no token: loopback only"
-    mode = f"steps queued on {_redacted(queue)}" if queue else "steps run in this process"
+    mode = f"steps queued on {redact_url(queue)}" if queue else "steps run in this process"
     log = logging.getLogger("kindex")
     log.info(f"kindex: serving {kb_root} ({auth}; {mode}); OpenAPI at /docs")
     if regular_file(Path(kb_root) / INDEX_FILE):  # said at the start, not at the first request
@@ -112,12 +112,6 @@ def _check_port(host: str, port: int) -> None:
             raise KindexError(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port, or stop what uses it"
             ) from None
-
-
-def _redacted(url: str) -> str:
-    from kindex.queue.jobs import redact
-
-    return redact(url)
 
 
 @click.command()

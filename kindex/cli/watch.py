@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -11,7 +12,7 @@ import orjson
 
 from kindex.cli.index import model_opts, options_from
 from kindex.cli.options import kb_arg, sigterm_as_ctrl_c
-from kindex.errors import InterruptedRun
+from kindex.errors import InterruptedRun, KBNotFoundError
 from kindex.kb import KnowledgeBase, Settings
 from kindex.scan import kb_folder
 from kindex.watch import DEFAULT_DEBOUNCE_MS, Update, Watcher
@@ -61,11 +62,16 @@ def watch(kb: str, debounce: int, **kw: Any) -> None:
         reconcile=True,  # the reindex it starts with, after the watch is set: no change is missed, failures retried
     )
     # SIGTERM (systemd, `docker stop`) stops it as Ctrl-C does: between steps, said, exit 0; not killed mid-write.
+    interrupted = False
     try:
         with sigterm_as_ctrl_c():
             watcher.run()
     except (KeyboardInterrupt, InterruptedRun):  # Ctrl-C between steps, or inside one (its answers are cached)
         stop.set()
+        interrupted = True
+    if not interrupted and not Path(kb).is_dir():
+        # It exited 0: a supervisor restarting on failure never watched the folder a sync job deleted and cloned.
+        raise KBNotFoundError(f"knowledge folder '{kb}' is gone: stopped watching it (start the watch again)")
     click.echo("kindex: stopped watching; every index file is complete", err=True)
 
 

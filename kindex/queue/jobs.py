@@ -33,6 +33,7 @@ import redis.exceptions
 from pydantic import ValidationError
 
 from kindex.errors import BusyError, KindexError, QueueUnavailableError, TaskNotFoundError, UsageError
+from kindex.hosts import redact_url
 from kindex.kb import Step
 from kindex.results import TERMINAL_STATES, ErrorBody, RunReport, StepProgress, TaskModel
 
@@ -125,15 +126,6 @@ def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
         raise QueueUnavailableError(f"{url_hint} refused the request: {exc}") from None
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for logs and /healthz."""
-    head, sep, tail = url.rpartition("@")
-    if not sep:
-        return url
-    scheme, _, _ = head.partition("://")
-    return f"{scheme}://***@{tail}"
-
-
 class JobStore:
     """The task records of queue mode (module docstring), over one Redis connection pool."""
 
@@ -151,13 +143,13 @@ class JobStore:
     def from_url(cls, url: str) -> JobStore:
         """A store on the Redis at ``url`` (``redis://HOST:PORT/N``); :class:`UsageError` for another scheme."""
         if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise UsageError(f"the queue must be a Redis URL (redis://HOST:PORT/N), got {redact(url)!r}")
+            raise UsageError(f"the queue must be a Redis URL (redis://HOST:PORT/N), got {redact_url(url)!r}")
         try:
             parts = urlsplit(url)
             _ = parts.port  # a port out of range or not a number raises here
             db = parts.path.strip("/")
             if db and not db.isdigit():
-                raise UsageError(f"bad queue URL {redact(url)!r}: the database must be a number, not {db!r}")
+                raise UsageError(f"bad queue URL {redact_url(url)!r}: the database must be a number, not {db!r}")
             client = redis.Redis.from_url(
                 url,
                 decode_responses=True,
@@ -166,7 +158,7 @@ class JobStore:
                 health_check_interval=30,
             )
         except ValueError as exc:
-            raise UsageError(f"bad queue URL {redact(url)!r}: {exc}; write redis://HOST:PORT/N") from None
+            raise UsageError(f"bad queue URL {redact_url(url)!r}: {exc}; write redis://HOST:PORT/N") from None
         return cls(client)
 
     def key(self, kind: str, name: str) -> str:

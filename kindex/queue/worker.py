@@ -33,11 +33,12 @@ from celery.exceptions import Reject, Retry
 
 from kindex.errors import CancelledRun, InternalError, KBNotFoundError, KindexError
 from kindex.generate import Progress
+from kindex.hosts import redact_url
 from kindex.jsonlog import LOG_CONFIG
 from kindex.kb import KnowledgeBase, agent_folder, without_root
 from kindex.llm import LiteLLMClient, LLMClient, LLMSettings, check_model, import_litellm
 from kindex.queue.broker import DEFAULT_REDELIVER_AFTER, QUEUE, TASK, make_app
-from kindex.queue.jobs import JobStore, Lease, error_body, finished, redact, step_of
+from kindex.queue.jobs import JobStore, Lease, error_body, finished, step_of
 from kindex.queue.ratelimit import LimitedClient, ModelLimit, SharedLimit, limit_for
 from kindex.results import TERMINAL_STATES, ErrorBody
 
@@ -289,7 +290,7 @@ def run_worker(config: WorkerConfig) -> int:
         config.name,
         config.kb_root,
         config.tasks,
-        redact(config.queue),
+        redact_url(config.queue),
         extra={"worker": config.name},
     )
     worker = app.Worker(

@@ -14,9 +14,10 @@ from typing import Any
 import redis.exceptions
 
 from kindex.errors import QueueUnavailableError, TaskNotFoundError, UsageError
+from kindex.hosts import redact_url
 from kindex.kb import KnowledgeBase, Step
 from kindex.queue.broker import QUEUE, TASK, make_app
-from kindex.queue.jobs import JobStore, error_body, reaching, redact
+from kindex.queue.jobs import JobStore, error_body, reaching
 from kindex.results import TERMINAL_STATES, TaskModel
 
 log = logging.getLogger("kindex.server")
@@ -41,10 +42,12 @@ class QueuedTasks:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # Not fatal: Redis may come up after the replicas; until then steps and tasks answer 503.
             log.warning(
-                "the queue's Redis at %s cannot be reached yet (%s); steps answer 503 until it can", redact(url), exc
+                "the queue's Redis at %s cannot be reached yet (%s); steps answer 503 until it can",
+                redact_url(url),
+                exc,
             )
         except redis.exceptions.RedisError as exc:
-            raise UsageError(f"the queue's Redis at {redact(url)} refuses this service: {exc}") from None
+            raise UsageError(f"the queue's Redis at {redact_url(url)} refuses this service: {exc}") from None
 
     async def submit(self, agent_id: str, step: Step, kb: KnowledgeBase) -> TaskModel:
         task = await asyncio.to_thread(self.store.create, agent_id, step)
@@ -98,7 +101,7 @@ class QueuedTasks:
             return await self.get(task_id)  # still running: its worker stops before its next write
 
     async def health(self) -> dict[str, Any]:
-        queue: dict[str, Any] = {"url": redact(self.url), "reachable": False}
+        queue: dict[str, Any] = {"url": redact_url(self.url), "reachable": False}
         try:
             active, workers, queued = await asyncio.to_thread(self._counts)
         except QueueUnavailableError as exc:
