@@ -357,13 +357,14 @@ def stems(words: Sequence[str]) -> list[str]:
     return list(_stemmer.stemWords(list(words)))
 
 
-def _stem(word: str) -> str:
-    stem = _stem_cache.get(word)
-    if stem is None:
-        stem = _stemmer.stemWord(word) if word.isascii() and word.isalpha() else word
+def stem(word: str) -> str:
+    """The term :func:`analyze` gives one lower-case Latin word alone (its Snowball stem), cached."""
+    found = _stem_cache.get(word)
+    if found is None:
+        found = _stemmer.stemWord(word) if word.isascii() and word.isalpha() else word
         if len(_stem_cache) < 200_000:
-            _stem_cache[word] = stem
-    return stem
+            _stem_cache[word] = found
+    return found
 
 
 def _char_class(c: str) -> str:
@@ -422,12 +423,12 @@ def _word_terms(word: str) -> Iterator[str]:
                 return
     parts = [p.casefold() for p in _parts(word)]
     if len(parts) <= 1:
-        yield _stem(folded)
+        yield stem(folded)
         return
     yield folded
     for p in parts:
         if len(p) > 1 and not p.isdigit() and p not in _EN_STOP:  # "v1.2.3" is not about "2"
-            yield _stem(p)
+            yield stem(p)
 
 
 def _search_words(word: str, segmenter: Any) -> Iterator[str]:
@@ -491,7 +492,7 @@ def surface_forms(text: str) -> dict[str, str]:
                     terms = list(_word_terms(folded))
                     # A part of an identifier shows as that part (``word`` of ``word4``): a page matching only
                     # the part holds no ``word4``, and "matched word4" said it did.
-                    parts = {_stem(p.casefold()): p for p in _parts(_fold_accents(folded))} if len(terms) > 1 else {}
+                    parts = {stem(p.casefold()): p for p in _parts(_fold_accents(folded))} if len(terms) > 1 else {}
                     for term in terms:
                         forms.setdefault(term, parts.get(term, word) if term != terms[0] else word)
     return forms

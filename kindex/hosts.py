@@ -1,5 +1,5 @@
 """Who may call a network surface: which hosts are this machine (the rule behind "no token ⇒ loopback only") and
-the bearer-token check, the same for ``kindex serve`` and ``kindex mcp``."""
+the bearer-token check, the same for ``kindex serve`` and ``kindex mcp``; and URLs shown without their passwords."""
 
 from __future__ import annotations
 

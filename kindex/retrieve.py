@@ -40,6 +40,7 @@ from kindex.analysis import (
     is_number,
     mixes_letters_and_digits,
     normalize,
+    stem,
     stems,
     surface_forms,
     traditional_runs,
@@ -715,8 +716,15 @@ def _misspelt(loaded: _Loaded, text: str, analysed: Sequence[str]) -> dict[str, 
     out, added or mistyped that gives a word English knows: names of other products a letter away from a common
     word are short (Nuxt and next, Kong and long, Vite and site), and a swap rarely makes a word. A word typed in
     capitals is a name (VLOOKUP is not lookup). Of several, the one most documents hold."""
-    asked = set(analysed)
+    # The question's terms that could be slips, first: most questions have none, and stop here.
+    unknown = {
+        t
+        for t in set(analysed)
+        if t.isascii() and t.isalpha() and english_rate(t) is None and not len(_row(loaded, t).docs)
+    }
     fixed: dict[str, str] = {}
+    if not unknown:
+        return fixed
     seen: set[str] = set()
     for m in _LATIN_WORD.finditer(text):
         if len(fixed) == MAX_SPELLING_FIXES:
@@ -728,8 +736,8 @@ def _misspelt(loaded: _Loaded, text: str, analysed: Sequence[str]) -> dict[str, 
         if word in seen:
             continue
         seen.add(word)
-        [term] = stems([word])
-        if term in fixed or term not in asked or english_rate(term) is not None or len(_row(loaded, term).docs):
+        term = stem(word)
+        if term in fixed or term not in unknown:
             continue
         swapped = {word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(len(word) - 1)} - {word}
         edited: set[str] = set()

@@ -45,7 +45,8 @@ from kindex.version import __version__
 
 DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
-_UNREADABLE = "cannot be read"
+UNREADABLE_FOLDER = "cannot be read"
+"""How ``skipped`` describes a file or folder kindex may not read (a folder's is a problem to ``validate``)."""
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 # Any Markdown line ending, lone CR included (classic Mac files): CR-only frontmatter was read as body text.
 _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.)[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
@@ -134,7 +135,7 @@ class Scan:
     @property
     def unreadable(self) -> bool:
         """Whether a file or folder could not be read (permissions): the scan may miss documents that exist."""
-        return any(x.reason.startswith((_UNREADABLE, f"folder {_UNREADABLE}")) for x in self.skipped)
+        return any(x.reason.startswith((UNREADABLE_FOLDER, f"folder {UNREADABLE_FOLDER}")) for x in self.skipped)
 
     @property
     def documents(self) -> tuple[ScannedDoc, ...]:
@@ -259,7 +260,7 @@ def scan(
 
     def unreadable(folder: Path, exc: OSError) -> None:
         rel = _show(folder.relative_to(root).as_posix())
-        skipped.append(Skipped(path=rel or ".", reason=f"folder {_UNREADABLE}: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel or ".", reason=f"folder {UNREADABLE_FOLDER}: {exc.strerror or exc}"))
 
     for here, depth, dirnames, filenames, links in walk(root, on_error=unreadable):
         rel_dir = here.relative_to(root).as_posix()
@@ -341,7 +342,7 @@ def _scan_file(
                 return None
             st = os.stat(path)
     except OSError as exc:
-        skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel, reason=f"{UNREADABLE_FOLDER}: {exc.strerror or exc}"))
         return None
     if not stat.S_ISREG(st.st_mode):
         skipped.append(Skipped(path=rel, reason="not a regular file"))
@@ -366,7 +367,7 @@ def _scan_file(
         skipped.append(Skipped(path=rel, reason=exc.message))
         return None
     except OSError as exc:
-        skipped.append(Skipped(path=rel, reason=f"{_UNREADABLE}: {exc.strerror or exc}"))
+        skipped.append(Skipped(path=rel, reason=f"{UNREADABLE_FOLDER}: {exc.strerror or exc}"))
         return None
     meta, body, problem = split_frontmatter(text)
     signals, glob_problem = signals_from(meta)

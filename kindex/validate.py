@@ -18,7 +18,7 @@ import orjson
 
 from kindex.errors import KindexError
 from kindex.records import BOM, INDEX_FILE, INDEX_VERSION, schema_errors
-from kindex.scan import scan
+from kindex.scan import UNREADABLE_FOLDER, scan
 from kindex.store import (
     StandIn,
     index_bytes,
@@ -46,8 +46,14 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
     left a stand-in entry), as readable sentences; empty when all is well."""
     s = scan(kb)
     refuse_theme_folder(s.kb, reading=True)
-    kb_arg = shlex.quote(os.fspath(kb))  # the fixes name the folder as it was given: a command to paste
-    problems: list[str] = []
+    kb_arg = _arg(os.fspath(kb))  # the fixes name the folder as it was given: a command to paste
+    # A folder kindex may not read holds documents no index lists: "index is valid" of a KB whose theme the
+    # permissions hid said nothing of it.
+    problems = [
+        f"{k.path}/: {k.reason}: its documents are not indexed (give kindex read access)"
+        for k in s.skipped
+        if k.reason.startswith(f"folder {UNREADABLE_FOLDER}")
+    ]
     root = _load(root_index_path(s.kb), INDEX_FILE, problems, f"kindex reindex {kb_arg}")
     if root is not None:
         problems += _entries(root, INDEX_FILE, "themes", "dir")
@@ -66,7 +72,7 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
         problems += _coverage(root, INDEX_FILE, {d.path_in_theme for d in s.root_docs}, f"kindex root {kb_arg}")
     for name, docs in s.themes.items():
         label = f"{name}/{INDEX_FILE}"
-        step = f"kindex sub {kb_arg} {shlex.quote(name)}"
+        step = f"kindex sub {kb_arg} {_arg(name)}"
         index = _load(theme_index_path(s.kb, name), label, problems, step)
         if index is None:
             continue
@@ -83,7 +89,12 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
             f"model call failed ({entry.reason}); {_retry(f'kindex root {kb_arg}', entry)}"
         )
     for d in s.documents:
-        fix = f"kindex root {kb_arg}" if d.theme is None else f"kindex doc {kb_arg} {shlex.quote(d.rel)}"
+        # The theme and the path apart: `DIR/PATH` reads a backslash in a name (a\\b.md) as a folder.
+        fix = (
+            f"kindex root {kb_arg}"
+            if d.theme is None
+            else f"kindex doc {kb_arg} {_arg(d.theme)} {_arg(d.path_in_theme)}"
+        )
         if d.rel in changed:
             problems.append(f"{d.rel}: changed since its entry was written (run `{fix}`, or `kindex reindex {kb_arg}`)")
         if d.theme is not None and d.rel in stand_ins:
@@ -103,6 +114,12 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
             "any) tries them all again in one run, and asks the model only what it has no cached answer for"
         )
     return problems
+
+
+def _arg(value: str) -> str:
+    """``value`` as an argument of a command to paste: quoted, and a name starting with ``-`` written ``./-…`` (it
+    was read as an option: `kindex sub KB --help` printed the help)."""
+    return shlex.quote(f"./{value}" if value.startswith("-") else value)
 
 
 def _load(path: Any, label: str, problems: list[str], fix: str) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -427,3 +428,22 @@ def test_a_document_named_without_its_theme_gets_the_command_that_works(
     monkeypatch.chdir(sample_kb / "billing")
     code, _, err = run("doc", str(sample_kb), "导读.md")
     assert code == 2 and f"run `kindex root {sample_kb}`" in err
+
+
+def test_the_commands_validate_advises_run_as_printed(sample_kb: Path) -> None:
+    # A hostile campaign: for a theme named `-weird` validate advised `kindex sub KB -weird`, read as an option;
+    # for `billing/a\b.md`, `kindex doc KB 'billing/a\b.md'`, whose backslash the one-argument form reads as a folder.
+    (sample_kb / "-weird").mkdir()
+    (sample_kb / "-weird" / "-n.md").write_text("# 奇怪\n\n正文。\n", encoding="utf-8")
+    (sample_kb / "billing" / "a\\b.md").write_text("# 反斜杠\n\n正文。\n", encoding="utf-8")
+    assert run("reindex", str(sample_kb))[0] == 0
+    with open(sample_kb / "billing" / "a\\b.md", "a", encoding="utf-8") as fh:
+        fh.write("改了。\n")
+    (sample_kb / "-weird" / "index.json").unlink()
+    code, out, _ = run("validate", str(sample_kb))
+    commands = [line.split("`")[1] for line in out.splitlines() if "`" in line]
+    assert code == 1 and len(commands) == 2, out
+    for command in commands:
+        args = shlex.split(command)
+        assert args[0] == "kindex" and run(*args[1:])[0] == 0, command
+    assert run("validate", str(sample_kb))[0] == 0

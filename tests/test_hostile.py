@@ -1217,3 +1217,18 @@ def test_a_kb_path_that_cannot_be_opened_is_kb_not_found(tmp_path: Path, shape: 
     if shape != "nul":  # (a command line cannot hold a NUL)
         code, _, err = _cli("search", kb, "退款")
         assert code == 1 and said in err and "Traceback" not in err
+
+
+def test_a_folder_kindex_may_not_read_is_a_problem_to_validate(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run as a service user, a theme at mode 000 dropped out of the index and validate said "index is valid".
+    listing = os.scandir
+
+    def denied(path: Any) -> Any:
+        if Path(path).name == "sync":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    assert kindex.validate(indexed)[0] == (
+        "sync/: folder cannot be read: Permission denied: its documents are not indexed (give kindex read access)"
+    )

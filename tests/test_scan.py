@@ -765,7 +765,7 @@ def test_validate_names_a_document_changed_since_its_entry_was_written(sample_kb
     write(refund, refund.read_text(encoding="utf-8") + "\n\n## 新增的一节\n\n退款改为七天内到账。\n")
     os.utime(sample_kb / "billing" / "发票开具.md")  # touched, not changed: nothing to say
     kb = str(sample_kb)  # the fixes name the folder as given: a command to paste
-    said = f"billing/退款政策.md: changed since its entry was written (run `kindex doc {kb} 'billing/退款政策.md'`, or "
+    said = f"billing/退款政策.md: changed since its entry was written (run `kindex doc {kb} billing '退款政策.md'`, or "
     assert kindex.validate(sample_kb) == [said + f"`kindex reindex {kb}`)"]
     kindex.root(sample_kb)  # a step that writes other entries does not make this one current
     kindex.doc(sample_kb, "account", "双重验证.md")

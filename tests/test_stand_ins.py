@@ -38,7 +38,7 @@ def test_a_failed_document_is_named_until_a_doc_step_writes_its_entry(sample_kb:
     assert named == ["billing/退款政策.md", "sync/离线模式.md", "2 entries are stand-ins"]
     assert (
         "InternalServerError" in problems[1]
-        and f"run `kindex doc {sample_kb} 'sync/离线模式.md' --model openai/fake-model` (and the --api-base it "
+        and f"run `kindex doc {sample_kb} sync '离线模式.md' --model openai/fake-model` (and the --api-base it "
         "used, if any) to try again (with `--model ''` an extractive entry is written and accepted)"
         in problems[1]
     )
@@ -166,7 +166,7 @@ def test_a_record_written_before_models_were_kept_still_names_its_stand_ins(samp
     [problem] = kindex.validate(sample_kb)
     assert problem == (
         "sync/离线模式.md: its entry is a stand-in (its previous or an extractive one): its model call failed (timed "
-        f"out); run `kindex doc {sample_kb} 'sync/离线模式.md'` with the model it asked to try again (with "
+        f"out); run `kindex doc {sample_kb} sync '离线模式.md'` with the model it asked to try again (with "
         "`--model ''` an extractive entry is written and accepted)"
     )
 

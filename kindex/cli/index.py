@@ -243,7 +243,7 @@ def sub(kb: str, dir_name: str, **kw: Any) -> None:
     Example:
       kindex sub sample_kb billing --model openai/gpt-4o-mini
     """
-    _step(kb, kw, lambda o: generate.sub(kb, dir_name, o))
+    _step(kb, kw, lambda o: generate.sub(kb, _named(dir_name), o))
 
 
 @click.command("doc")
@@ -282,7 +282,13 @@ def doc_cmd(kb: str, dir_name: str, path: str | None, clear_dir: bool, **kw: Any
                 "give the document: `kindex doc KB DIR PATH` (PATH relative to DIR), or DIR/PATH as search prints it"
             )
         dir_name, path = rel.split("/", 1)
-    _step(kb, kw, lambda o: generate.doc(kb, dir_name, path, o, clear_dir=clear_dir))
+    _step(kb, kw, lambda o: generate.doc(kb, _named(dir_name), _named(path), o, clear_dir=clear_dir))
+
+
+def _named(arg: str) -> str:
+    """A theme or a path as written on a command line, ``./-name`` being ``-name`` (how `validate` writes a name
+    that starts with ``-``, which click would read as an option)."""
+    return arg.removeprefix("./")
 
 
 def _where_is(kb: str, name: str) -> str:
