@@ -120,13 +120,13 @@ def _usable(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """``path``, or :class:`KBNotFoundError` for one no file system can open (a NUL, a character it cannot encode):
     the ``ValueError`` of ``os.path`` was a traceback, and a 500 from a service."""
     try:
-        raw = os.fsencode(path)
-    except (TypeError, ValueError) as exc:
-        raw, problem = b"", unopenable(exc)
-    else:
-        problem = unopenable(ValueError()) if b"\0" in raw else ""
-    if problem:
-        raise KBNotFoundError(f"knowledge folder {os.fspath(path)!r:.300} cannot be opened ({problem})")
+        usable = b"\0" not in os.fsencode(path)
+    except ValueError:  # (UnicodeEncodeError) a lone surrogate the file system encoding cannot hold
+        usable = False
+    if not usable:
+        raise KBNotFoundError(
+            f"knowledge folder {os.fspath(path)!r:.300} cannot be opened ({unopenable(ValueError())})"
+        )
     return path
 
 

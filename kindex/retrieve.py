@@ -158,13 +158,13 @@ about them. Dev (696 questions, 550 messages): 15 more off-topic messages fall b
 THEME_PRIOR = 0.3
 MATCHED = "matched"
 NAMED = "path in the message"
+"""Why a document a message names by its path (``tutorial/cors.md``) is served: first, on topic or not."""
 _REASONS = {
     frozenset({MATCHED}): "matched the question",
     frozenset({NAMED}): "the documents the message names",
     frozenset({MATCHED, NAMED}): "the documents the message names, and those that match the question",
 }
 """The result's reason when something matched (a message naming one file and asking about another gets both)."""
-"""Why a document a message names by its path (``tutorial/cors.md``) is served: first, on topic or not."""
 ENTRY_BOOST = 0.25
 MAX_ABSENT_ROWS = 20_000
 MAX_ABSENT_TERM = 32
