@@ -686,7 +686,8 @@ def read_entries(kb: Path) -> Entries:
         raise IndexMissingError(
             _refusal(root_path, label) or f"{label} is unreadable ({exc}): run `kindex reindex`"
         ) from None
-    if problems and (refused := _refusal(root_path, f"{INDEX_FILE} of {kb.name or kb}")):
+    empty = not root.themes and not root.documents  # (a newer kindex's index with entries is still read)
+    if problems and empty and (refused := _refusal(root_path, f"{INDEX_FILE} of {kb.name or kb}")):
         # Another tool's JSON (an OpenAPI document) read as an index of nothing: "holds no documents yet" on
         # every question, where a step refuses to replace the file.
         raise IndexMissingError(refused)

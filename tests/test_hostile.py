@@ -1232,3 +1232,11 @@ def test_a_folder_kindex_may_not_read_is_a_problem_to_validate(indexed: Path, mo
     assert kindex.validate(indexed)[0] == (
         "sync/: folder cannot be read: Permission denied: its documents are not indexed (give kindex read access)"
     )
+
+
+def test_a_root_index_of_a_newer_version_with_entries_still_answers(indexed: Path) -> None:
+    # Another tool's file is refused by name; a newer kindex's index that lists entries is read as before, leniently.
+    root = orjson.loads((indexed / "index.json").read_bytes())
+    (indexed / "index.json").write_bytes(orjson.dumps({**root, "version": 2}))
+    ctx = kindex.build_context(indexed, "退款多久到账")
+    assert not ctx.fallback and "index.json: version is 2, expected 1" in ctx.warnings
