@@ -345,6 +345,13 @@ def test_a_message_that_starts_with_a_dash_is_told_to_go_after_double_dash(sampl
     assert result.exit_code == 2 and "goes after `--`: kindex context KB -- " in result.stderr
     result = CliRunner().invoke(main, ["context", str(sample_kb), "--bugdet", "3"])
     assert result.exit_code == 2 and "Did you mean '--budget'?" in result.stderr and "`--`" not in result.stderr
+    # Nor had `-x CORS` a hint, and `search` was told to run `kindex context`.
+    for command, message, said in (
+        ("context", "-x CORS", '-- "-x …"'),
+        ("search", "--limit means?", '-- "--limit means?"'),
+    ):
+        result = CliRunner().invoke(main, [command, str(sample_kb), message])
+        assert result.exit_code == 2 and f"goes after `--`: kindex {command} KB {said}" in result.stderr
 
 
 def test_output_that_cannot_be_written_is_said_not_a_traceback(sample_kb: Path) -> None:
@@ -447,3 +454,14 @@ def test_the_commands_validate_advises_run_as_printed(sample_kb: Path) -> None:
         args = shlex.split(command)
         assert args[0] == "kindex" and run(*args[1:])[0] == 0, command
     assert run("validate", str(sample_kb))[0] == 0
+
+
+def test_a_step_lists_at_most_fifty_skipped_files(sample_kb: Path) -> None:
+    # 100,000 stray files were 100,000 lines of stderr; --json still lists them all.
+    for i in range(60):
+        (sample_kb / f"stray{i:02d}.markdown").write_text("# x\n", encoding="utf-8")
+    code, _, err = run("reindex", str(sample_kb))
+    listed = [line for line in err.splitlines() if line.startswith("kindex: skipped stray")]
+    assert code == 0 and len(listed) == 50 and "kindex: skipped 10 more (" in err
+    code, out, _ = run("reindex", str(sample_kb), "--json")
+    assert code == 0 and len([s for s in json.loads(out)["skipped"] if s["path"].startswith("stray")]) == 60

@@ -71,9 +71,15 @@ class _Group(click.Group):
             click.echo("kindex: interrupted; nothing was written", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except click.UsageError as exc:  # click's own: a bad option value, a missing argument
-            if isinstance(exc, click.NoSuchOption) and not _OPTION_LIKE.fullmatch(exc.option_name):
-                # `kindex context KB "-h 参数是什么"` said only "No such option '- '".
-                hint = " A message or path that starts with '-' goes after `--`: kindex context KB -- \"-h 参数是什么\""
+            command = exc.ctx.info_name if exc.ctx is not None else None
+            if isinstance(exc, click.NoSuchOption) and (
+                not _OPTION_LIKE.fullmatch(exc.option_name) or (command in _TAKE_TEXT and not exc.possibilities)
+            ):
+                # `kindex context KB "-h 参数是什么"` said only "No such option '- '"; `-x CORS` had no hint, and the
+                # hint named `context` to `search`.
+                name = exc.option_name.strip()
+                text = exc.option_name if " " in name else "-h 参数是什么" if name == "-" else f"{name} …"
+                hint = f" A message or path that starts with '-' goes after `--`: kindex {command} KB -- \"{text}\""
                 exc = click.UsageError(exc.message + hint, exc.ctx)
             if as_json:
                 _json_error(UsageError.code, exc.format_message())
@@ -88,8 +94,8 @@ class _Group(click.Group):
             # argument that is a link loop, which pathlib raises as a RuntimeError): said, never a traceback.
             if isinstance(exc, RuntimeError) and not str(exc).startswith("Symlink loop"):
                 raise
-            name = getattr(exc, "filename", None)
-            _fail(StorageError(f"{getattr(exc, 'strerror', None) or exc}{f': {name}' if name else ''}"), as_json)
+            where = getattr(exc, "filename", None)
+            _fail(StorageError(f"{getattr(exc, 'strerror', None) or exc}{f': {where}' if where else ''}"), as_json)
 
 
 def _fail(exc: KindexError, as_json: bool) -> NoReturn:
@@ -106,6 +112,8 @@ def _fail(exc: KindexError, as_json: bool) -> NoReturn:
     raise click.ClickException(exc.message) from None
 
 
+_TAKE_TEXT = {"context", "search", "find"}
+"""The commands whose argument is a person's text, which may start with '-'."""
 _OPTION_LIKE = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
 """What a mistyped option looks like; anything else click took for one was text (a message starting with '-')."""
 

@@ -155,8 +155,11 @@ def _emit(report: RunReport, as_json: bool) -> None:
             click.echo("wrote: " + ", ".join(report.written))
         for f in report.failures:
             click.echo(f"failed: {f.path}: {f.reason} (kept its previous or an extractive entry)")
-        for x in report.skipped:
+        for x in report.skipped[:MAX_SKIPPED_SHOWN]:
             click.echo(f"kindex: skipped {x.path}: {x.reason}", err=True)
+        if len(report.skipped) > MAX_SKIPPED_SHOWN:  # 100,000 stray files were 100,000 lines
+            more = len(report.skipped) - MAX_SKIPPED_SHOWN
+            click.echo(f"kindex: skipped {more:,} more (`kindex preview KB --json` or --json lists them all)", err=True)
         for note in report.notes:
             click.echo(f"kindex: note: {note}", err=True)
     if report.failures:
@@ -166,6 +169,10 @@ def _emit(report: RunReport, as_json: bool) -> None:
             err=True,
         )
         sys.exit(EXIT_PARTIAL)
+
+
+MAX_SKIPPED_SHOWN = 50
+"""Skipped files a step's human output lists one by one."""
 
 
 def _step(kb: str, kw: dict[str, Any], call: Callable[[generate.Options], RunReport]) -> None:
