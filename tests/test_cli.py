@@ -465,3 +465,13 @@ def test_a_step_lists_at_most_fifty_skipped_files(sample_kb: Path) -> None:
     assert code == 0 and len(listed) == 50 and "kindex: skipped 10 more (" in err
     code, out, _ = run("reindex", str(sample_kb), "--json")
     assert code == 0 and len([s for s in json.loads(out)["skipped"] if s["path"].startswith("stray")]) == 60
+
+
+def test_piped_context_text_is_the_text_assembled(tmp_path: Path) -> None:
+    # click strips terminal escapes from output that is no terminal: a file named `th\x1b[31mred.md` was cited as
+    # `thred.md`, a path that does not exist (--json was right).
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "th\x1b[31mred.md").write_text("# 退款\n\n退款说明。\n", encoding="utf-8")
+    assert run("reindex", str(tmp_path))[0] == 0
+    code, out, _ = run("context", str(tmp_path), "退款")
+    assert code == 0 and "(source: t/th\x1b[31mred.md)" in out

@@ -154,7 +154,9 @@ def context(
             click.echo(f"# {shown(item.path)}  score {item.score:.2f}  ({item.reason}{flag})", err=True)
         if ctx.fallback:
             click.echo(f"kindex: {ctx.reason}", err=True)
-        click.echo(ctx.text)
+        # As assembled: piped, click strips what looks like a terminal escape, and a file named with one was cited
+        # under a path that does not exist.
+        click.echo(ctx.text, color=True)
     for path in ctx.missing:
         click.echo(
             f"kindex: {shown(path)} is in the index but cannot be read: skipped (run `kindex reindex`)", err=True
