@@ -52,7 +52,7 @@ from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
 from kindex.scan import Scan, document_digest, headings_of, scan
-from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest, refuse_foreign
+from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest, refusal
 
 SEARCH_FILE = "search.npz"
 FORMAT = 5
@@ -743,14 +743,12 @@ def read_entries(kb: Path) -> Entries:
 
 
 def _refusal(path: Path, label: str) -> str | None:
-    """Why a step would refuse to replace the index file at ``path`` (another tool's, or a newer kindex's), which
-    says what to do instead; ``None`` when a step replaces it (kindex's own, damaged). Advising the step alone sent
-    its reader round in circles."""
-    try:
-        refuse_foreign(path, label)
-    except InvalidFileError as exc:
-        return exc.message.replace("move that file away and run again", "move that file away and run `kindex reindex`")
-    return None
+    """:func:`kindex.store.refusal`, its advice naming the step to run after (advising the step alone sent its
+    reader round in circles)."""
+    refused = refusal(path, label)
+    return refused and refused.replace(
+        "move that file away and run again", "move that file away and run `kindex reindex`"
+    )
 
 
 _UPDATING: dict[Path, threading.Event] = {}

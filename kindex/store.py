@@ -183,6 +183,17 @@ def refuse_foreign(path: Path, label: str) -> None:
     )
 
 
+def refusal(path: Path, label: str) -> str | None:
+    """Why a step would refuse to replace the index file at ``path`` (:func:`refuse_foreign`: another tool's, or a
+    newer kindex's), which says what to do instead; ``None`` when a step replaces it. Answers and ``validate`` tell
+    which, so that they never advise a step that will refuse."""
+    try:
+        refuse_foreign(path, label)
+    except InvalidFileError as exc:
+        return exc.message
+    return None
+
+
 def read_index_file(path: Path, kb: Path | None = None) -> tuple[Index, list[str]]:
     """The one reader of index files: the index at ``path`` (read leniently) and what in it made no sense. ``kb``:
     the KB holding ``path``, for a theme's index (:func:`index_bytes`).

@@ -23,7 +23,7 @@ from kindex.store import (
     StandIn,
     index_bytes,
     read_stand_ins,
-    refuse_foreign,
+    refusal,
     refuse_theme_folder,
     root_index_path,
     theme_index_path,
@@ -163,9 +163,7 @@ def _replace_advice(path: Any, label: str, fix: str) -> str:
     """What to run for an index file that holds no index: the step itself when it will replace the file (kindex's
     own, damaged), else moving the file away first (a step refuses to overwrite another tool's file, and advising
     only the step sent its reader round in circles)."""
-    try:
-        refuse_foreign(path, label)
-    except KindexError:
+    if refusal(path, label):
         return f"; it is not kindex's: move it away, then run `{fix}`"
     return f"; run `{fix}` to write it afresh"
 

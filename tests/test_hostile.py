@@ -1197,24 +1197,28 @@ def _cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("shape", ["loop", "nul", "long"])
+@pytest.mark.parametrize("shape", ["loop", "nul", "long", "surrogate"])
 def test_a_kb_path_that_cannot_be_opened_is_kb_not_found(tmp_path: Path, shape: str) -> None:
     # pathlib's RuntimeError for a link loop, ValueError for a NUL, OSError for a name over 255 bytes: tracebacks
     # from every command, and a 500 from the service.
     (tmp_path / "loop").symlink_to("loop")
-    kb = {"loop": str(tmp_path / "loop"), "nul": f"{tmp_path}/a\x00b", "long": str(tmp_path / ("a" * 300) / "kb")}[
-        shape
-    ]
+    kb = {
+        "loop": str(tmp_path / "loop"),
+        "nul": f"{tmp_path}/a\x00b",
+        "long": str(tmp_path / ("a" * 300) / "kb"),
+        "surrogate": f"{tmp_path}/\ud800",  # one the file system encoding cannot hold (surrogateescape's can)
+    }[shape]
     said = {
         "loop": "is a symbolic link that leads nowhere (a loop, or a target gone)",
         "nul": "cannot be opened (not a usable path",
+        "surrogate": "cannot be opened (not a usable path",
         "long": "cannot be opened (File name too long)",
     }[shape]
     for call in (kindex.search, kindex.build_context):
         with pytest.raises(kindex.KBNotFoundError) as caught:
             call(kb, "退款")
         assert said in str(caught.value)
-    if shape != "nul":  # (a command line cannot hold a NUL)
+    if shape in ("loop", "long"):  # (a command line holds no NUL, and decodes to no lone \ud800)
         code, _, err = _cli("search", kb, "退款")
         assert code == 1 and said in err and "Traceback" not in err
 
@@ -1240,3 +1244,11 @@ def test_a_root_index_of_a_newer_version_with_entries_still_answers(indexed: Pat
     (indexed / "index.json").write_bytes(orjson.dumps({**root, "version": 2}))
     ctx = kindex.build_context(indexed, "退款多久到账")
     assert not ctx.fallback and "index.json: version is 2, expected 1" in ctx.warnings
+
+
+def test_a_command_argument_that_is_a_link_loop_is_an_error_not_a_traceback(indexed: Path) -> None:
+    # pathlib raises RuntimeError for a link loop: `kindex doc KB /abs/LOOP` (and skills export -o LOOP, sync LOOP)
+    # ended in a traceback.
+    (indexed / "loop.md").symlink_to("loop.md")
+    code, _, err = _cli("doc", str(indexed), str(indexed / "loop.md"))
+    assert code == 1 and f"Error: Symlink loop from '{indexed / 'loop.md'}'" in err and "Traceback" not in err
