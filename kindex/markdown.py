@@ -227,6 +227,18 @@ def _indent(text: str) -> int:
     return len(text) - len(text.lstrip(" "))
 
 
+_MAY_OPEN = frozenset(">#`~-*+_0123456789")
+"""The characters a line's first may be for it to open a block quote, heading, fence, list item or thematic break
+(after spaces, which are not :func:`_plain` either)."""
+
+
+def _plain(first: str) -> bool:
+    """Whether a line starting with ``first`` is plain text whatever follows: a letter, or a mark that opens nothing
+    (``=``, ``|``, ``<``, ``!``…; a page of setext underlines or table rows went through the whole line parse, line
+    by line, three times per scan). Not a blank line: it leaves the list items open."""
+    return first.isalpha() or (bool(first) and first not in _MAY_OPEN and not first.isspace())
+
+
 def lines(text: str) -> list[Line]:
     """Every line of ``text`` with its code-block membership and heading title.
 
@@ -243,7 +255,7 @@ def lines(text: str) -> list[Line]:
     items_depth = 0
     pos = 0
     for raw in physical_lines(text):
-        if opening is None and raw[:1].isalpha():  # most lines: prose, which opens no block, heading or item
+        if opening is None and _plain(raw[:1]):  # most lines: prose, which opens no block, heading or item
             out.append(Line(pos, raw, None, None))
             items, items_depth = [], 0
             pos += len(raw)

@@ -350,6 +350,24 @@ def test_only_markdown_line_endings_start_a_line(separator: str) -> None:
     assert sum(len(line.text) for line in lines(text)) == len(text)
 
 
+def test_lines_that_open_nothing_skip_the_block_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 4 MB page of setext underlines took the whole parse line by line, three times per scan: 14 s to index.
+    from kindex import markdown
+
+    quoted: list[str] = []
+    real = markdown._quoted
+
+    def counting(line: str) -> tuple[int, str]:
+        quoted.append(line)
+        return real(line)
+
+    monkeypatch.setattr(markdown, "_quoted", counting)
+    text = "标题\n====\n| a | b |\n<br>\n![图](x.png)\n😀 表情\n- 项目\n  ```js\n  x = 1\n  ```\n=\n"
+    got = [(line.fence, line.heading) for line in markdown.lines(text)]
+    assert quoted == ["- 项目", "  ```js", "  x = 1", "  ```"]  # a list item and its fenced block, as before
+    assert got == [(None, None)] * 6 + [(None, None), ("  ```", None), ("  ```", None), ("  ```", None), (None, None)]
+
+
 @pytest.mark.parametrize(
     ("heading", "kept"),
     [
@@ -450,6 +468,18 @@ def test_an_offline_summary_looks_only_at_the_start_of_a_page(monkeypatch: pytes
     text = "# 标题\n\n" + "#\n" * 500_000 + "正文。\n"
     assert extractive.first_paragraph(text) == "" and parsed and max(parsed) <= extractive.SUMMARY_SCAN_CHARS
     assert extractive.first_paragraph("# 标题\n\n第一段。\n\n第二段。\n" + "#\n" * 50_000) == "第一段。"
+
+
+def test_an_offline_summary_skips_a_line_of_badges() -> None:
+    # APISIX's README was summarised "Build Status License": the alt texts of the badges under its logo.
+    from kindex import extractive
+
+    text = (
+        '<img src="logo.svg" alt="logo" />\n\n'
+        "[![Build Status](https://ci/badge.svg)](https://ci) [![License](https://shields/x.svg)](https://l)\n\n"
+        "**Apache APISIX** 是一个动态、实时、高性能的 API 网关。\n"
+    )
+    assert extractive.first_paragraph(text) == "Apache APISIX 是一个动态、实时、高性能的 API 网关。"
 
 
 def test_offline_questions_carry_no_html_anchor(tmp_path: Path) -> None:
