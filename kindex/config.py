@@ -312,3 +312,11 @@ def excluded(kb: str | os.PathLike[str], env: Mapping[str, str] | None = None) -
         except InvalidDataError as exc:
             raise UsageError(f"KINDEX_EXCLUDE={raw!r}: {exc.message}") from None
     return tuple(read_file(kb).get("exclude", ()))
+
+
+def absent_documents(kb: str | os.PathLike[str], names: Iterable[str]) -> tuple[str, ...]:
+    """Those of ``names`` (KB-relative document paths, as ``fallback_docs`` holds them) that are no file of ``kb``:
+    the default overview names are the sample KB's, and a KB without them falls back to its README or index page,
+    else an overview of its index, which ``kindex config`` says rather than leave the user to find out."""
+    root = Path(kb)
+    return tuple(n for n in names if not (root / n).is_file())

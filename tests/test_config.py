@@ -102,6 +102,25 @@ def test_kindex_config_prints_each_value_and_its_source(sample_kb: Path, monkeyp
     assert 'model = "openai/gpt-4o-mini"  # kindex.toml' in human and "temperature = 0.7  # env" in human
 
 
+def test_kindex_config_says_which_overview_documents_the_kb_lacks(sample_kb: Path) -> None:
+    # The default names are the sample KB's: an APISIX KB fell back to its README while config showed them silently.
+    def shown(*extra: str) -> tuple[str, list[str]]:
+        human = CliRunner().invoke(main, ["config", str(sample_kb), *extra]).stdout.splitlines()[2]
+        data = orjson.loads(CliRunner().invoke(main, ["config", str(sample_kb), "--json", *extra]).stdout)
+        return human, data["fallback_docs"]["absent"]
+
+    assert shown() == ('fallback_docs = ["导读.md", "00-总则与功能导航.md"]  # default: overview documents', [])
+    write_config(sample_kb, '[context]\nfallback_docs = ["导读.md", "faq/概览.md"]\n')
+    human, absent = shown()
+    assert human.endswith("# kindex.toml: overview documents (faq/概览.md: not in this KB)")
+    assert absent == ["faq/概览.md"]
+    (sample_kb / "导读.md").unlink()
+    human, absent = shown()
+    assert human.endswith(
+        "(none of them is in this KB: its README.md or index.md serves, else an overview of the index)"
+    ) and absent == ["导读.md", "faq/概览.md"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kindex.cli.options import json_opt, kb_arg, print_json
-from kindex.config import CONFIG_FILE, SETTINGS, resolve
+from kindex.config import CONFIG_FILE, SETTINGS, absent_documents, resolve
 from kindex.errors import KBNotFoundError
 from kindex.hosts import redact_url
 
@@ -39,8 +39,11 @@ def config_cmd(kb: str, as_json: bool) -> None:
         s.name: redact_url(v) if s.name == "api_base" and isinstance(v := eff[s.name], str) else eff[s.name]
         for s in SETTINGS
     }
+    absent = absent_documents(kb, eff["fallback_docs"])
     if as_json:
-        print_json({s.name: {"value": _json(shown[s.name]), "source": eff.sources[s.name]} for s in SETTINGS})
+        out = {s.name: {"value": _json(shown[s.name]), "source": eff.sources[s.name]} for s in SETTINGS}
+        out["fallback_docs"]["absent"] = list(absent)
+        print_json(out)
         return
     click.echo(f"# settings of {kb} (flag > environment > {CONFIG_FILE} > default)")
     section = ""
@@ -50,7 +53,14 @@ def config_cmd(kb: str, as_json: bool) -> None:
             click.echo(f"[{section}]")
         value = shown[s.name]
         line = f"# {s.name} is unset" if value is None else f"{s.name} = {_toml(value)}"
-        click.echo(f"{line}  # {eff.sources[s.name]}: {s.help}")
+        note = ""
+        if s.name == "fallback_docs" and absent:
+            note = (
+                " (none of them is in this KB: its README.md or index.md serves, else an overview of the index)"
+                if len(absent) == len(value)
+                else f" ({', '.join(absent)}: not in this KB)"
+            )
+        click.echo(f"{line}  # {eff.sources[s.name]}: {s.help}{note}")
 
 
 def _json(value: object) -> object:
