@@ -12,6 +12,7 @@ failed batch share one watcher's state.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -186,6 +187,18 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
             changed.add(rel)
             removed.discard(rel)
     return changed, removed
+
+
+def _links_to(root: Path, paths: Iterable[str], candidates: Iterable[str]) -> list[str]:
+    """Those of ``candidates`` (KB-relative, not among ``paths``) that are symbolic links leading to one of ``paths``
+    (whether or not it still exists). One ``lstat`` per candidate, and none when ``paths`` holds no document."""
+    given = [p for p in paths if p != CONFIG_FILE and not p.endswith("/")]
+    if not given:
+        return []
+    targets = {os.path.realpath(root / p) for p in given}
+    return [
+        c for c in candidates if c not in given and (root / c).is_symlink() and os.path.realpath(root / c) in targets
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +386,10 @@ class Watcher:
         # A changed file the scan did not take (not UTF-8, empty, too large, a symlink out…) is gone from the index.
         scanned = {d.rel for d in s.documents}
         skipped = {x.path: x.reason for x in s.skipped}
+        # A document that is a link to another changes with it, and is read no more once it is gone; watchfiles
+        # reports only the file written or deleted, so its links are looked for here.
+        changed = sorted({*changed, *_links_to(self.kb.path, changed, scanned)})
+        removed = sorted({*removed, *_links_to(self.kb.path, removed, skipped)})
         notes = tuple(f"{rel}: skipped: {skipped[rel]}" for rel in changed if rel in skipped)
         unscannable = [rel for rel in changed if rel != CONFIG_FILE and rel not in scanned]
         changed = [rel for rel in changed if rel not in unscannable]

@@ -772,3 +772,21 @@ def test_a_watcher_that_fails_before_it_is_ready_still_becomes_ready(
     finally:
         running.watcher.stop()
         running.thread.join(30)
+
+
+def test_a_document_that_links_to_an_edited_or_deleted_one_follows_it(sample_kb: Path) -> None:
+    # watchfiles reports the file written: the link's entry kept the old text until a reindex, and kept being served
+    # once the file it led to was deleted.
+    (sample_kb / "sync" / "退款.md").symlink_to(Path("..") / "billing" / "退款政策.md")
+    kindex.reindex(sample_kb)
+    updates: list[Update] = []
+    watcher = Watcher(kindex.KnowledgeBase(sample_kb), updates.append)
+    target = sample_kb / "billing" / "退款政策.md"
+    watcher._handle(_edit(target, "退款新规"))
+    assert updates[-1].changed == ("billing/退款政策.md", "sync/退款.md") and updates[-1].error is None
+    assert entries(sample_kb, "sync")["退款.md"] == entries(sample_kb, "billing")["退款政策.md"] == "退款新规"
+    target.unlink()
+    watcher._handle({(watchfiles.Change.deleted, str(target))})
+    assert updates[-1].removed == ("billing/退款政策.md", "sync/退款.md") and updates[-1].error is None
+    assert "退款.md" not in entries(sample_kb, "sync") and "退款政策.md" not in entries(sample_kb, "billing")
+    assert kindex.validate(sample_kb) == []
