@@ -287,9 +287,14 @@ def scan(
             if name.startswith("."):
                 continue
             if not name.endswith(".md"):
-                if name.casefold().endswith((".md", ".markdown")):
+                folded = name.casefold()
+                if folded.endswith((".md", ".markdown")):
                     skipped.append(
                         Skipped(path=_show(rel_dir + name), reason="only *.md files are documents: rename it to .md")
+                    )
+                elif folded.endswith(".mdx"):  # a Docusaurus page: Markdown with JSX, which a reader may expect read
+                    skipped.append(
+                        Skipped(path=_show(rel_dir + name), reason="an MDX page: only *.md files are documents")
                     )
                 continue
             if not _utf8(name):

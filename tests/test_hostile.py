@@ -342,14 +342,20 @@ def test_validate_checks_every_bound_of_the_contract(indexed: Path) -> None:
 def test_other_markdown_extensions_are_listed_as_skipped_and_reindex_says_so(sample_kb: Path) -> None:
     (sample_kb / "NOTES.MD").write_text("# notes\n", encoding="utf-8")
     (sample_kb / "billing" / "old.markdown").write_text("# old\n", encoding="utf-8")
+    (sample_kb / "billing" / "page.mdx").write_text("# page\n", encoding="utf-8")
 
     result = CliRunner().invoke(main, ["reindex", str(sample_kb)])
 
     assert result.exit_code == 0
     assert "skipped NOTES.MD: only *.md files are documents" in result.stderr
     assert "skipped billing/old.markdown" in result.stderr
+    assert "skipped billing/page.mdx: an MDX page: only *.md files are documents" in result.stderr
     assert "\r" not in result.stderr  # no progress-bar frames when stderr is not a terminal
-    assert [s["path"] for s in kindex.preview(sample_kb).to_dict()["skipped"]] == ["NOTES.MD", "billing/old.markdown"]
+    assert [s["path"] for s in kindex.preview(sample_kb).to_dict()["skipped"]] == [
+        "NOTES.MD",
+        "billing/old.markdown",
+        "billing/page.mdx",
+    ]
 
 
 def test_json_failures_print_an_error_object_and_ctrl_c_early_exits_130(
