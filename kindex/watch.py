@@ -24,7 +24,7 @@ import watchfiles
 
 from kindex.config import CONFIG_FILE
 from kindex.errors import BusyError, CancelledRun, InterruptedRun, KindexError, ModelError, StorageError
-from kindex.files import identity, walk
+from kindex.files import identity, regular_file, walk
 from kindex.generate import Options
 from kindex.kb import KnowledgeBase
 from kindex.lock import WatchLock, watch_lock
@@ -186,7 +186,10 @@ def _relevant_changes(root: Path, changes: Iterable[tuple[watchfiles.Change, str
         else:
             changed.add(rel)
             removed.discard(rel)
-    return changed, removed
+    # A batch is a set: a save that replaces the file (JetBrains' safe write, an editor's rename over it) is a deletion
+    # and an addition of one path in no order, and whichever came last in the set was reported. What is there decides.
+    back = {rel for rel in removed if not rel.endswith("/") and regular_file(root / rel)}
+    return changed | back, removed - back
 
 
 def _links_to(root: Path, paths: Iterable[str], candidates: Iterable[str]) -> list[str]:

@@ -790,3 +790,14 @@ def test_a_document_that_links_to_an_edited_or_deleted_one_follows_it(sample_kb:
     assert updates[-1].removed == ("billing/退款政策.md", "sync/退款.md") and updates[-1].error is None
     assert "退款.md" not in entries(sample_kb, "sync") and "退款政策.md" not in entries(sample_kb, "billing")
     assert kindex.validate(sample_kb) == []
+
+
+def test_a_save_that_replaces_the_file_is_an_edit_whatever_order_its_events_come_in(sample_kb: Path) -> None:
+    # JetBrains' safe write and an editor's rename over the file are a deletion and an addition of one path in a batch
+    # that is a set: the update line said "removed" when the deletion came last.
+    doc = sample_kb / "billing" / "退款政策.md"
+    events = [(watchfiles.Change.added, str(doc)), (watchfiles.Change.deleted, str(doc))]
+    for batch in (events, events[::-1]):
+        assert kindex.watch._relevant_changes(sample_kb, batch) == ({"billing/退款政策.md"}, set())
+    doc.unlink()
+    assert kindex.watch._relevant_changes(sample_kb, events) == (set(), {"billing/退款政策.md"})
