@@ -56,7 +56,7 @@ from kindex.lock import HeldLock, write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
-from kindex.scan import DEFAULT_EXCERPT_CHARS, Scan, ScannedDoc, scan
+from kindex.scan import DEFAULT_EXCERPT_CHARS, SCAN_FILE, Scan, ScannedDoc, scan
 from kindex.store import (
     STATE_DIR,
     index_bytes,
@@ -238,14 +238,24 @@ def _run(
     opts = options or Options()
     opts.check()
     started = time.monotonic()  # the scan included: a 2 MB frontmatter took a minute to scan, and "0.1 s" was said
-    # What the step is about is read from disk whatever the scan remembers; `force` reads every document.
-    s = scan(kb, excerpt_chars=opts.excerpt_chars, reuse=not opts.force, read_again=read_again or subject)
-    refuse_theme_folder(s.kb)
-    refuse_knowledge_folders(s.kb, s.themes)
-    if subject is not None:
-        s.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
+    before = _written(Path(kb))
+
+    def scanned() -> Scan:
+        # What the step is about is read from disk whatever the scan remembers; `force` reads every document.
+        got = scan(kb, excerpt_chars=opts.excerpt_chars, reuse=not opts.force, read_again=read_again or subject)
+        refuse_theme_folder(got.kb)
+        refuse_knowledge_folders(got.kb, got.themes)
+        if subject is not None:
+            got.theme_docs(subject)  # a bad DIR is the caller's mistake: say so before locking or loading a model
+        return got
+
+    s = scanned()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel) as held:
+        if held.waited or _written(s.kb) != before:
+            # Another writer ran since the scan: an edit it indexed, a page it added or removed. Merged from the old
+            # scan, this step's write would undo that one's (a later save lost, a deleted page back in the index).
+            s = scanned()
         themes = list(s.themes) if step == "reindex" else [subject] if subject is not None else []
         for theme in themes:
             refuse_foreign(theme_index_path(s.kb, theme), f"{theme}/{INDEX_FILE}")
@@ -293,6 +303,25 @@ def _run(
             runner.cache.flush()  # a stopped step's offline entries are as good as a finished one's
             runner.cache.close()
     return runner.report.report(time.monotonic() - started)
+
+
+def _written(kb: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What a step writes, as (file, inode, mtime, size): the index files, the search tables and the scan memory.
+    Each is replaced whole (a new inode), so a write shows even where times are counted in whole seconds."""
+    files = [root_index_path(kb), kb / STATE_DIR / searchindex.SEARCH_FILE, kb / STATE_DIR / SCAN_FILE]
+    try:
+        with os.scandir(kb) as entries:
+            files.extend(theme_index_path(kb, e.name) for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        pass  # the scan says what is wrong with the folder
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except (OSError, ValueError):
+            continue
+        out.append((f.relative_to(kb).as_posix(), st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 MAX_ANSWER_NOTES = 20

@@ -191,3 +191,78 @@ def test_ctrl_c_reported_after_the_step_finished_says_there_is_nothing_to_run_ag
     with pytest.raises(kindex.InterruptedRun, match=r"after it had finished .*there is nothing to run again"):
         kindex.reindex(sample_kb)
     assert kindex.validate(sample_kb) == []
+
+
+def test_a_step_that_waited_for_the_lock_reads_the_folder_again(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It merged what it had scanned before waiting: the page the writer before it added was dropped from the index,
+    # and every command exited 0 (a hostile campaign's race of `kindex doc --wait`).
+    import contextlib
+    import threading
+
+    import kindex.generate
+    from kindex.lock import write_lock
+
+    kindex.reindex(sample_kb)
+    scanned = threading.Event()
+    real = kindex.generate.write_lock  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def after_the_scan(*args: Any, **kwargs: Any) -> Any:
+        scanned.set()
+        with real(*args, **kwargs) as held:
+            yield held
+
+    monkeypatch.setattr(kindex.generate, "write_lock", after_the_scan)
+    edited = sample_kb / "billing" / "退款政策.md"
+    errors: list[BaseException] = []
+
+    def waiting_step() -> None:
+        try:
+            kindex.doc(sample_kb, "billing", "退款政策.md", options=kindex.Options(wait=60))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    with write_lock(sample_kb.resolve(), "another writer"):
+        step = threading.Thread(target=waiting_step)
+        step.start()
+        assert scanned.wait(60)  # its scan is done: all that follows is newer than what it read
+        edited.write_text("# 退款新规\n\n七天内可退。\n", encoding="utf-8")
+        (sample_kb / "billing" / "新页.md").write_text("# 新页\n\n新增的说明。\n", encoding="utf-8")
+        kindex.doc(sample_kb, "billing", "新页.md")  # the lock is this thread's: the other writer's step
+    step.join(60)
+    assert not errors and not step.is_alive()
+    titles = {
+        d["path"]: d["title"] for d in orjson.loads((sample_kb / "billing" / "index.json").read_bytes())["documents"]
+    }
+    assert titles["新页.md"] == "新页" and titles["退款政策.md"] == "退款新规"
+    assert kindex.validate(sample_kb) == []
+
+
+def test_a_step_reads_the_folder_again_when_another_wrote_between_its_scan_and_its_lock(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other writer finished before this one asked for the lock, so it did not wait, and still had read too early.
+    import contextlib
+
+    import kindex.generate
+
+    kindex.reindex(sample_kb)
+    real = kindex.generate.write_lock  # type: ignore[attr-defined]
+    done: list[bool] = []
+
+    @contextlib.contextmanager
+    def another_writer_first(*args: Any, **kwargs: Any) -> Any:
+        if not done:
+            done.append(True)
+            (sample_kb / "billing" / "新页.md").write_text("# 新页\n\n新增的说明。\n", encoding="utf-8")
+            kindex.doc(sample_kb, "billing", "新页.md")
+        with real(*args, **kwargs) as held:
+            assert not held.waited
+            yield held
+
+    monkeypatch.setattr(kindex.generate, "write_lock", another_writer_first)
+    kindex.doc(sample_kb, "billing", "退款政策.md")
+    titles = {d["path"] for d in orjson.loads((sample_kb / "billing" / "index.json").read_bytes())["documents"]}
+    assert "新页.md" in titles and kindex.validate(sample_kb) == []
