@@ -10,7 +10,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
 from kindex.analysis import normalize
-from kindex.markdown import Line
+from kindex.markdown import Line, within
 from kindex.markdown import lines as markdown_lines
 from kindex.tokenize import estimate_tokens, tokens_of, units
 
@@ -18,19 +18,10 @@ OMITTED_MARK = "\n\n[…]\n\n"
 
 SECTION_SCAN_CHARS = 20_000
 """Characters of each section looked at to tell whether it matches the question: bounded work per request."""
-MAX_FIT_CHARS = 500_000
-"""Characters of a document a request reads, cleans and fits, at most (to the last line break within them): about
-the largest budget (200,000 tokens: English prose estimates at ~0.42 a character, Chinese at 1.22), and a bound on
-the work of one request; a 5 MB page of 640,000 headings took 3.4 s a call to parse whole."""
-
-
-def _head(text: str) -> str:
-    """``text`` within ``MAX_FIT_CHARS``, ending at a line break where it has one."""
-    if len(text) <= MAX_FIT_CHARS:
-        return text
-    head = text[:MAX_FIT_CHARS]
-    end = head.rfind("\n")
-    return head[: end + 1] if end > 0 else head
+MAX_FIT_CHARS = 1_000_000
+"""Characters of a document a request reads, cleans and fits, at most (whole lines): the sections a question
+matches lie anywhere in a long page (FastAPI's release notes run to 693,000), and a bound on the work of one
+request; a 5 MB page of 640,000 headings took 3.4 s a call to parse whole."""
 
 
 def _costs(lines: Sequence[Line]) -> list[int]:
@@ -169,7 +160,7 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     """
     if budget < 1:
         return None
-    text = _head(text)
+    text = within(text, MAX_FIT_CHARS)
     if "#" not in text:  # no heading, so one section: no need to parse a long page for its structure
         return _cut(text, budget)
     lines = markdown_lines(text)

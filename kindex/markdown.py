@@ -3,6 +3,9 @@
 The scan reads headings with it and BuildContext cuts documents with it, so both agree on what is code: a line
 that looks like a heading inside a fenced block is code, and a block opened with ``~~~`` or four backticks is
 closed only by the same kind of fence, at least as long. No regex here can backtrack: documents are untrusted.
+
+Long because the scan, the offline generator, the search tables and the context cut all read the one line model
+here (fences, headings, links, raw HTML blocks, the bound on a long text), so that they agree on what is code.
 """
 
 from __future__ import annotations
@@ -180,6 +183,30 @@ def _without_emphasis(text: str) -> str:
         elif not after.isspace():
             opener = j
     return "".join(c for j, c in enumerate(text) if j not in dropped)
+
+
+LONG_LINE_CHARS = 20_000
+"""A longer line (an inline base64 image, a minified blob) keeps this much of itself in a text cut to a bound
+(:func:`within`): a 400 KB screenshot pasted near the top of a long page took the room of every section after it."""
+
+
+def within(text: str, max_chars: int) -> str:
+    """``text`` within ``max_chars`` characters, whole lines, where it is longer: each line longer than
+    ``LONG_LINE_CHARS`` shortened to its start and an ellipsis; a first line past the bound cut at a character."""
+    if len(text) <= max_chars:
+        return text
+    kept: list[str] = []
+    room = max_chars
+    for line in text.split("\n"):
+        if len(line) > LONG_LINE_CHARS:
+            line = line[:LONG_LINE_CHARS] + "…"
+        if len(line) + 1 > room:
+            if not kept:
+                kept.append(line[:room])
+            break
+        kept.append(line)
+        room -= len(line) + 1
+    return "\n".join(kept) + "\n"
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")

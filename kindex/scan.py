@@ -37,7 +37,7 @@ from kindex.errors import (
 from kindex.files import MAX_FOLDER_DEPTH, decode_document, read_regular, unopenable, walk
 from kindex.gcpause import collector_paused
 from kindex.globs import Compiled, any_match, normalize_path, split_globs
-from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks
+from kindex.markdown import headings, lines, may_hold_raw_blocks, outside_raw_blocks, within
 from kindex.records import GLOBS_MAX, INDEX_FILE, clean_globs, clean_tags, clean_text
 from kindex.results import Skipped
 from kindex.store import STATE_DIR, atomic_write
@@ -784,6 +784,5 @@ def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool
     text = got[1]
     more = max_chars is not None and len(text) > max_chars
     if max_chars is not None and more:
-        end = text.rfind("\n", 0, max_chars)
-        text = text[: end + 1 if end > 0 else max_chars]
+        text = within(text, max_chars)
     return clean_body(text).strip(), more

@@ -247,6 +247,29 @@ def test_a_budget_under_one_token_fits_nothing_and_no_fence_is_left_open() -> No
     assert fit_to_budget(code, 20, ["k8s"]) == "## k8s\n\nk8s text"
 
 
+def test_a_long_page_serves_its_matching_section_past_a_pasted_image_and_half_a_million_characters(
+    tmp_path: Path,
+) -> None:
+    # Only the first 500,000 characters were looked at, to the last line break within them: a section further on
+    # (FastAPI's release notes run to 693,000) or after a 400 KB inline image was never served, though search ranked
+    # the page by its words.
+    from kindex.markdown import LONG_LINE_CHARS
+
+    image = "![截图](data:image/png;base64," + "QUJD" * 150_000 + ")\n\n"
+    notes = "## 版本说明\n\n修复了若干问题，改进了性能。\n\n" * 24_000
+    tail = "## 退款步骤\n\n在设置页点击「申请退款」，填写订单号。\n"
+    for text in ("# 安装指南\n\n说明。\n\n" + image + tail, "# 发行说明\n\n" + notes[:650_000] + tail):
+        fitted = fit_to_budget(text, 300, ["退款", "订单"])
+        assert fitted is not None and fitted.endswith("在设置页点击「申请退款」，填写订单号。")
+    kb = tmp_path / "kb"
+    (kb / "guide").mkdir(parents=True)
+    (kb / "guide" / "install.md").write_text("# 安装指南\n\n说明。\n\n" + notes + image + tail, encoding="utf-8")
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, "退款步骤 订单号", budget_tokens=1000)
+    assert "填写订单号" in ctx.text and ctx.items[0].truncated
+    assert len(image) > LONG_LINE_CHARS
+
+
 @pytest.mark.parametrize("message", ["X-Nonce 怎么生成", "退款多久到账", "发票怎么开", "同步冲突怎么办"])
 def test_the_assembled_context_never_exceeds_its_budget(indexed: Path, message: str) -> None:
     for budget in range(50, 301, 7):
