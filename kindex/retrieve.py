@@ -212,16 +212,19 @@ the KB names is written to be one, and is served as the budget allows."""
 # -- the loaded index ---------------------------------------------------------------------------------------------
 
 
-def _stats(paths: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
-    """(mtime_ns, size) of each file, ``None`` for a missing one: what tells a loaded index is still current."""
-    out: list[tuple[int, int] | None] = []
+def _stats(paths: Sequence[str], inode: bool = False) -> tuple[tuple[int, ...] | None, ...]:
+    """(mtime_ns, size) of each file, and its inode if asked, ``None`` for a missing one: what tells a loaded index
+    is still current. Files kindex replaces whole get a new inode at each write, which shows where times are counted
+    in whole seconds (ext4 with 128-byte inodes, ext3, HFS+, FAT): an edit and its undo, each written by a step
+    within a second, left a service answering from the edit."""
+    out: list[tuple[int, ...] | None] = []
     for p in paths:
         try:
             st = os.stat(p)
         except (OSError, ValueError):  # ValueError: a NUL in a hand-edited name
             out.append(None)
         else:
-            out.append((st.st_mtime_ns, st.st_size))
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino) if inode else (st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
@@ -273,11 +276,11 @@ class _Loaded:
     stamps: tuple[str, ...]
     """The root index and the saved tables, as strings (pathlib would cost more): stat-ed on every call. Every
     kindex step that writes an index file rewrites the saved tables after it, so its changes are seen at once."""
-    stamps_seen: tuple[tuple[int, int] | None, ...]
+    stamps_seen: tuple[tuple[int, ...] | None, ...]
     themes_watched: tuple[str, ...]
     """The theme index files: stat-ed again when a stamp changed, else at most every ``THEME_RECHECK_S``, so a
     theme index edited by hand (or a step that died before saving the tables) is seen within that time."""
-    themes_seen: tuple[tuple[int, int] | None, ...]
+    themes_seen: tuple[tuple[int, ...] | None, ...]
     checked_at: float
     """When the theme index files were last stat-ed (``time.monotonic``)."""
     index: SearchIndex
@@ -353,12 +356,12 @@ def _load(kb: Path, last: SearchIndex | None = None) -> _Loaded:
     documents that changed since ``last`` (the tables this process loaded before) or since the saved ones."""
     # Stat-ed before anything is read: a step that finishes during the load changes them, and the next call reloads.
     stamps = (str(kb / INDEX_FILE), str(kb / STATE_DIR / SEARCH_FILE))
-    stamps_seen = _stats(stamps)
+    stamps_seen = _stats(stamps, inode=True)
     saved = load(kb)
     index = None if saved is None else still_current(kb, saved)
     if index is None and wait_for_update(kb, UPDATE_WAIT_S):
         # A step of this process has just saved the tables these index files need: the same work, done once.
-        stamps_seen = _stats(stamps)
+        stamps_seen = _stats(stamps, inode=True)
         saved = load(kb)
         index = None if saved is None else still_current(kb, saved)
     problems: tuple[str, ...] = ()
@@ -430,7 +433,7 @@ def _load(kb: Path, last: SearchIndex | None = None) -> _Loaded:
 def _current(loaded: _Loaded) -> bool:
     """Whether ``loaded`` still matches the files (see :attr:`_Loaded.themes_watched` for how often they are
     checked): two ``stat`` calls on most questions instead of one per theme."""
-    if _stats(loaded.stamps) != loaded.stamps_seen:
+    if _stats(loaded.stamps, inode=True) != loaded.stamps_seen:
         return False
     now = _clock()
     if now - loaded.checked_at < THEME_RECHECK_S:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -1505,3 +1506,31 @@ def test_a_folder_deleted_after_its_first_question_is_not_found_not_unindexed(tm
     for ask in (lambda: kindex.build_context(kb, "退款"), lambda: kindex.search(kb, "退款")):
         with pytest.raises(kindex.KBNotFoundError, match="knowledge folder 'kb' does not exist"):
             ask()
+
+
+def test_a_loaded_index_sees_a_write_within_the_same_second_of_the_same_size(tmp_path: Path) -> None:
+    # On a filesystem counting times in whole seconds, an edit and its undo written by two steps within a second left
+    # the index files and tables with the times and sizes a long-lived handle had seen: it answered from the edit.
+    kb = tmp_path / "kb"
+    (kb / "fruit").mkdir(parents=True)
+    page = kb / "fruit" / "a.md"
+    page.write_text("# 苹果价格\n\n苹果的价格说明。\n", encoding="utf-8")
+    (kb / "fruit" / "b.md").write_text("# 梨子\n\n梨子。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    handle = kindex.KnowledgeBase(kb)
+    written = [kb / "index.json", kb / "fruit" / "index.json", kb / ".kindex" / "search.npz"]
+
+    def title() -> str:
+        return handle.search("价格", limit=1)[0].title
+
+    assert title() == "苹果价格"
+    page.write_text("# 香蕉价格\n\n香蕉的价格说明。\n", encoding="utf-8")
+    kindex.doc(kb, "fruit", "a.md")
+    assert title() == "香蕉价格"
+    seen = [(p.stat().st_mtime_ns, p.stat().st_size) for p in written]
+    page.write_text("# 苹果价格\n\n苹果的价格说明。\n", encoding="utf-8")
+    kindex.doc(kb, "fruit", "a.md")
+    for p, (mtime, size) in zip(written, seen, strict=True):
+        os.utime(p, ns=(mtime, mtime))  # the same second, and the same size: only the inode tells
+        assert p.stat().st_size == size
+    assert title() == "苹果价格"
