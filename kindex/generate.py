@@ -52,7 +52,7 @@ from kindex.generators import (
 )
 from kindex.jsonextract import TRUNCATED
 from kindex.llm import TIMED_OUT, LiteLLMClient, LLMClient, LLMSettings, check_model, import_litellm
-from kindex.lock import HeldLock, write_lock
+from kindex.lock import HOLDER_FILE, HeldLock, write_lock
 from kindex.records import INDEX_FILE, DocItem, Index, ThemeItem, doc_item_from, theme_item_from
 from kindex.results import Failure, Plan, Preview, RunReport, Skipped, StepProgress, TokenEstimate
 from kindex.sanitize import doc_entry, root_index, theme_index
@@ -371,9 +371,15 @@ def _run_to_end(coroutine: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 def remove_stale_temporaries(s: Scan) -> None:
-    """Delete temporary index files a killed writer left behind (the caller holds the lock, so none is live)."""
+    """Delete temporary files a killed writer left behind: of the index files, and of the search tables, the scan
+    memory and the holder record in ``.kindex/`` (a 1,445-page KB's tables are 9 MB, and ten kills left six). The
+    caller holds the lock, and only a writer holding it writes these, so none is live. A watcher's record is written
+    under its own lock: not touched."""
     for folder in (s.kb, *(s.kb / name for name in s.themes)):
         for tmp in folder.glob(f".{INDEX_FILE}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+    for name in (searchindex.SEARCH_FILE, SCAN_FILE, HOLDER_FILE):
+        for tmp in (s.kb / STATE_DIR).glob(f".{name}.*.tmp"):
             tmp.unlink(missing_ok=True)
 
 
