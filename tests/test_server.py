@@ -727,6 +727,41 @@ def test_a_waiting_step_waits_for_another_writer_s_lock(
     assert call(app, "GET", f"/v1/tasks/{waiting}").json()["state"] == "done"
 
 
+def test_a_save_sent_while_a_command_holds_the_kb_waits_and_other_steps_name_the_command(
+    app: FastAPI, kb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync hook's save sent while `kindex reindex` ran on the server was refused 409, and the refusals named the
+    command as a route ("another kindex run is writing agent1 (POST /v1/agents/agent1/knowledge/reindex …)") with
+    the CLI's advice to pass --wait (a hostile campaign)."""
+    import kindex.lock
+    from kindex.lock import write_lock
+
+    monkeypatch.setattr(kindex.lock, "_process", lambda: "kindex reindex")
+    holds, may_go = threading.Event(), threading.Event()
+
+    def command() -> None:
+        with write_lock((kb_root / "agent1").resolve(), "reindex"):
+            holds.set()
+            may_go.wait(60)
+
+    cli = threading.Thread(target=command)
+    cli.start()
+    assert holds.wait(60)
+    busy = call(app, "POST", f"{BASE}/reindex/sub", json={"dir": "billing"})
+    message = busy.json()["error"]["message"]
+    assert busy.status_code == 409 and "a command-line `kindex reindex`, since " in message
+    assert "POST /v1" not in message and "--wait" not in message
+    assert message.endswith("wait for it to finish, or send the request again once it has finished")
+    saved = call(
+        app, "POST", f"{BASE}/reindex/sub/doc", json={"dir": "billing", "path": "退款政策.md"}, params={"wait": "false"}
+    )
+    assert saved.status_code == 202
+    may_go.set()
+    cli.join(60)
+    assert app.state.tasks.task(saved.json()["id"]).done.wait(60)
+    assert call(app, "GET", f"/v1/tasks/{saved.json()['id']}").json()["state"] == "done"
+
+
 def test_after_the_stop_signal_no_step_starts(app: FastAPI) -> None:
     """Requests still draining after the stop signal (uvicorn answers them before the app shuts down) must not
     start steps that stop() has already ended."""

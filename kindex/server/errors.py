@@ -59,6 +59,11 @@ def for_http(message: str, root: Path, agent_id: str | None, code: str | None = 
         )
     message = without_root(message[:2000], root)
     message = _PID_HOST.sub("", message)
+    if code == BusyError.code:
+        # The holder named is another writer (a command typed on the server, a watcher), not advice: read as a
+        # route, it told the client another request of its own was running; and --wait is no field of a request.
+        message = _CLI_ADVICE.sub(lambda m: f"a command-line {m.group(0)}", message)
+        return message.replace("or pass --wait SECONDS", "or send the request again once it has finished")
     routes = {"reindex": "reindex", "root": "reindex/root", "sub": "reindex/sub", "doc": "reindex/sub/doc"}
     return _CLI_ADVICE.sub(lambda m: f"POST /v1/agents/{agent}/knowledge/{routes[m.group(1)]}", message)
 

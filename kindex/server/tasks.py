@@ -34,8 +34,8 @@ TASKS_KEPT = 1000
 MAX_WAITING_STEPS = 100
 """Steps that may wait for one agent's KB (:attr:`kindex.kb.Step.waits_its_turn`); the next one is refused busy."""
 LOCK_WAIT_AFTER_WAITING = 300.0
-"""Seconds a step that waited its turn waits for another writer's lock (a CLI run, a watcher) before it fails busy:
-it was accepted, so it does not give up at once as a new request does."""
+"""Seconds a step that waited its turn, or that may wait it (a document's save), waits for another writer's lock (a
+CLI run, a watcher) before it fails busy: it was accepted, so it does not give up at once as another request does."""
 log = logging.getLogger("kindex.server")
 
 
@@ -163,7 +163,9 @@ class Tasks:
     def _launch(self, task: Task, step: Step, kb: KnowledgeBase, *, waited: bool = False) -> None:
         # One stat of kindex.toml (parsed only when it changed): cheap enough for the event loop.
         options = replace(kb.settings.generation, on_progress=lambda p: self._progress(task, p), cancel=task.cancel)
-        if waited:
+        if waited or step.waits_its_turn:
+            # A save a sync hook sends is not refused because a writer outside the service (a command on the
+            # server, a watcher) holds the KB: it waits for it as it would for a step of the service's.
             options = replace(options, wait=max(options.wait, LOCK_WAIT_AFTER_WAITING))
         self._pool.submit(self._run, task, lambda: step.run(kb, options))
 
