@@ -37,6 +37,7 @@ from kindex.errors import (
     KBNotFoundError,
     KindexError,
     ModelError,
+    StorageError,
     UsageError,
 )
 from kindex.files import regular_file
@@ -785,7 +786,13 @@ class _Runner:
         if root_index_path(self.scan.kb).exists():
             self._check_cancel()
             self.held.check()
-            self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
+            try:
+                self.report.documents_read = searchindex.update(self.scan.kb, self.scan)
+            except StorageError:
+                # The index files are written: remembered so, or validate would call their edits unindexed after a
+                # full disk refused only the tables (the next call rebuilds those and says so).
+                self.scan.remember(self.indexed.__contains__)
+                raise
         if self.scan.stand_ins:
             # Their entries describe them as the scan read them; said here, not only by a later validate.
             moved = sorted(self.scan.stand_ins)

@@ -280,3 +280,28 @@ def test_a_step_removes_what_killed_writers_left_half_written_in_the_state_folde
     watcher.write_bytes(b"half")
     kindex.doc(sample_kb, "billing", "退款政策.md")
     assert sorted(p.name for p in state.glob("*.tmp")) == [watcher.name]
+
+
+def test_an_edit_indexed_by_a_step_whose_table_write_failed_is_not_called_unindexed(
+    sample_kb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk refused only the search tables, after the index files were written with the edit; the scan memory,
+    # written after the tables, was not: validate said the page had changed since its entry was written.
+    import kindex.searchindex
+    from kindex.errors import StorageError
+
+    kindex.reindex(sample_kb)
+    page = sample_kb / "billing" / "退款政策.md"
+    page.write_text("# 退款新规\n\n七天内可退。\n", encoding="utf-8")
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise StorageError("cannot write search.npz in .kindex: No space left on device")
+
+    monkeypatch.setattr(kindex.searchindex, "atomic_write", full)
+    with pytest.raises(StorageError, match="No space left"):
+        kindex.doc(sample_kb, "billing", "退款政策.md")
+    titles = {
+        d["path"]: d["title"] for d in orjson.loads((sample_kb / "billing" / "index.json").read_bytes())["documents"]
+    }
+    assert titles["退款政策.md"] == "退款新规"
+    assert not [p for p in kindex.validate(sample_kb) if "changed since its entry was written" in p]
