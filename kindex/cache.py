@@ -9,6 +9,7 @@ opens it: the read path never imports SQLite.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import sqlite3
@@ -28,6 +29,8 @@ LEGACY_CACHE_FILE = "cache.jsonl"
 
 _LOW_SPACE = 1 << 20
 """Free bytes under which a failed cache operation is blamed on a full disk."""
+_LOW_INODES = 16
+"""Free inodes under which it is blamed on their end (SQLite's journal is one more file)."""
 
 
 def _foreign(exc: sqlite3.DatabaseError) -> bool:
@@ -213,12 +216,23 @@ class Cache:
             return
 
     def _space(self) -> str:
-        """A hint when the disk is (nearly) full: SQLite then often says only "disk I/O error"."""
+        """A hint when the disk, its inodes or this process's file descriptors have run out: SQLite then says only
+        "disk I/O error" or "unable to open database file"."""
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                return " (this process has run out of open files: raise its limit, `ulimit -n`, or lower --concurrency)"
         try:
             free = shutil.disk_usage(self.path.parent).free
+            inodes = os.statvfs(self.path.parent) if hasattr(os, "statvfs") else None
         except OSError:
             return ""
-        return f" (the disk holding it has {free // 1024} KiB free: it is probably full)" if free < _LOW_SPACE else ""
+        if free < _LOW_SPACE:
+            return f" (the disk holding it has {free // 1024} KiB free: it is probably full)"
+        if inodes is not None and inodes.f_files and inodes.f_favail < _LOW_INODES:
+            return f" (the disk holding it has {inodes.f_favail} free inodes: no file can be made there)"
+        return ""
 
     def close(self) -> None:
         if self._db is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import functools
 import hashlib
 import os
@@ -47,6 +48,8 @@ DEFAULT_EXCERPT_CHARS = 1200
 MAX_DOC_BYTES = 5 * 1024 * 1024
 UNREADABLE_FOLDER = "cannot be read"
 """How ``skipped`` describes a file or folder kindex may not read (a folder's is a problem to ``validate``)."""
+PATH_TOO_LONG = " (its path is longer than the system can open: shorten the folder names on the way to it)"
+"""Said of a folder no access right would open: ``validate`` then gives this advice, not to grant access."""
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 # Any Markdown line ending, lone CR included (classic Mac files): CR-only frontmatter was read as body text.
 _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.)[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
@@ -260,7 +263,10 @@ def scan(
 
     def unreadable(folder: Path, exc: OSError) -> None:
         rel = _show(folder.relative_to(root).as_posix())
-        skipped.append(Skipped(path=rel or ".", reason=f"folder {UNREADABLE_FOLDER}: {exc.strerror or exc}"))
+        why = f"folder {UNREADABLE_FOLDER}: {exc.strerror or exc}"
+        skipped.append(
+            Skipped(path=rel or ".", reason=why + (PATH_TOO_LONG if exc.errno == errno.ENAMETOOLONG else ""))
+        )
 
     for here, depth, dirnames, filenames, links in walk(root, on_error=unreadable):
         rel_dir = here.relative_to(root).as_posix()

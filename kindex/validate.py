@@ -18,7 +18,7 @@ import orjson
 
 from kindex.errors import KindexError
 from kindex.records import BOM, INDEX_FILE, INDEX_VERSION, schema_errors
-from kindex.scan import UNREADABLE_FOLDER, scan
+from kindex.scan import PATH_TOO_LONG, UNREADABLE_FOLDER, scan
 from kindex.store import (
     StandIn,
     index_bytes,
@@ -50,7 +50,8 @@ def validate(kb: str | os.PathLike[str]) -> list[str]:
     # A folder kindex may not read holds documents no index lists: "index is valid" of a KB whose theme the
     # permissions hid said nothing of it.
     problems = [
-        f"{k.path}/: {k.reason}: its documents are not indexed (give kindex read access)"
+        f"{k.path}/: {k.reason}: its documents are not indexed"
+        + ("" if k.reason.endswith(PATH_TOO_LONG) else " (give kindex read access)")
         for k in s.skipped
         if k.reason.startswith(f"folder {UNREADABLE_FOLDER}")
     ]

@@ -1258,3 +1258,23 @@ def test_a_command_argument_that_is_a_link_loop_is_an_error_not_a_traceback(inde
     (indexed / "loop.md").symlink_to("loop.md")
     code, _, err = _cli("doc", str(indexed), str(indexed / "loop.md"))
     assert code == 1 and f"Error: Symlink loop from '{indexed / 'loop.md'}'" in err and "Traceback" not in err
+
+
+def test_a_folder_whose_path_is_too_long_to_open_is_not_blamed_on_access_rights(sample_kb: Path) -> None:
+    # validate advised "give kindex read access" for a folder past PATH_MAX, which no right would open.
+    fd = os.open(sample_kb / "billing", os.O_RDONLY)
+    try:
+        for _ in range(24):  # 24 × 201 bytes: past Linux's 4,096
+            os.mkdir("d" * 200, dir_fd=fd)
+            inner = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    kindex.reindex(sample_kb)
+    problems = [p for p in kindex.validate(sample_kb) if "its documents are not indexed" in p]
+    assert len(problems) == 1 and problems[0].endswith(
+        "shorten the folder names on the way to it): its documents are not indexed"
+    )
+    assert "read access" not in problems[0]

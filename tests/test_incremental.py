@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import shutil
 import sqlite3
 import threading
@@ -281,18 +282,45 @@ def test_a_state_folder_linked_out_of_the_kb_is_refused_not_written_through(samp
     assert list(outside.iterdir()) == [] and not (sample_kb / "index.json").exists()
 
 
-def test_a_cache_failing_on_a_full_disk_says_the_disk_is_full(
-    sample_kb: Path, fake_options: Options, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("lacking", "error", "said"),
+    [
+        # With a few KiB free SQLite says only "disk I/O error" when it opens the cache; out of inodes or of open
+        # files, only "unable to open database file" (a hostile campaign).
+        ("space", "disk I/O error", r"\(the disk holding it has 16 KiB free: it is probably full"),
+        ("inodes", "unable to open database file", r"\(the disk holding it has 2 free inodes: no file can be made"),
+        (
+            "files",
+            "unable to open database file",
+            r"\(this process has run out of open files: raise its limit, `ulimit -n`",
+        ),
+    ],
+)
+def test_a_cache_failing_on_a_full_disk_says_what_ran_out(
+    sample_kb: Path, fake_options: Options, monkeypatch: pytest.MonkeyPatch, lacking: str, error: str, said: str
 ) -> None:
-    # With a few KiB free SQLite says only "disk I/O error" when it opens the cache.
-    def full(*args: object, **kwargs: object) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
+    import errno
+    import os
 
-    monkeypatch.setattr(sqlite3, "connect", full)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 << 20, 10 << 20, 16 << 10))
-    with pytest.raises(
-        StorageError, match=r"disk I/O error \(the disk holding it has 16 KiB free: it is probably full"
-    ):
+    def failing(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError(error)
+
+    monkeypatch.setattr(sqlite3, "connect", failing)
+    if lacking == "space":
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 << 20, 10 << 20, 16 << 10))
+    elif lacking == "inodes":
+        real_statvfs = os.statvfs
+        monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((*real_statvfs(path)[:6], 2, 2, 255, 255)))
+    else:
+        real_open = os.open
+
+        def no_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+            if path == os.devnull:
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", no_descriptors)
+    with pytest.raises(StorageError, match=re.escape(error) + " " + said):
         kindex.reindex(sample_kb, fake_options)
 
 
