@@ -475,3 +475,22 @@ def test_piped_context_text_is_the_text_assembled(tmp_path: Path) -> None:
     assert run("reindex", str(tmp_path))[0] == 0
     code, out, _ = run("context", str(tmp_path), "退款")
     assert code == 0 and "(source: t/th\x1b[31mred.md)" in out
+
+
+def test_running_out_of_memory_is_said_not_a_traceback(sample_kb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `ulimit -v` met while a large KB's tables were built in memory: a MemoryError traceback, exit 1.
+    import kindex.retrieve
+
+    kindex.reindex(sample_kb)
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(kindex.retrieve, "_scored", out_of_memory)
+    for extra in ((), ("--json",)):
+        result = CliRunner().invoke(main, ["search", str(sample_kb), "退款", *extra])
+        assert result.exit_code == 1 and "Traceback" not in result.output and result.exception.__class__ is SystemExit
+    assert (
+        "ran out of memory; every index file is as it was or complete: raise the memory limit"
+        in result.stderr + result.stdout
+    )

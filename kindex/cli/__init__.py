@@ -89,6 +89,16 @@ class _Group(click.Group):
         except BrokenPipeError:  # `kindex search KB q | head -3`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing at exit
             sys.exit(1)
+        except MemoryError:
+            # A memory limit (`ulimit -v`, a container's) met while building a large KB's tables: a traceback said
+            # nothing more, and the index files are whole (each is replaced only once written out).
+            _fail(
+                StorageError(
+                    "ran out of memory; every index file is as it was or complete: raise the memory limit of this "
+                    "process (ulimit -v, the container's) and run the command again"
+                ),
+                as_json,
+            )
         except (OSError, RuntimeError) as exc:
             # What a command could not read or write outside kindex's own checks (its output on a full disk, an
             # argument that is a link loop, which pathlib raises as a RuntimeError): said, never a traceback.
