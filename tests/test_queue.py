@@ -274,6 +274,27 @@ def test_redis_restarted_mid_run(cluster: Cluster) -> None:
     assert not any('"critical"' in line for line in cluster.logs["w1"])
 
 
+def test_a_step_cut_off_from_redis_longer_than_its_lease_goes_back_to_the_queue(cluster: Cluster) -> None:
+    # It was acknowledged as "lost" (as if another worker had taken it over, which none had): the task said
+    # "running" for good and every step of its agent got 409 busy (a hostile campaign's CLIENT PAUSE).
+    import redis
+
+    api = cluster.api()
+    cluster.worker("w1", "--lease", "2", "--redeliver-after", "60")
+    workers_ready(api, {"w1"})
+    cluster.llm.script = slow_model(0.5)
+    task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
+    cluster.llm.wait_for_requests(2)
+    redis.Redis.from_url(cluster.redis.url).client_pause(12_000, all=True)  # past the lease and the socket timeout
+    stopped = ("out of reach longer than the lease", "lease lost")
+    until(lambda: any(m in line for line in cluster.logs["w1"] for m in stopped), "the step to stop")
+    cluster.llm.script = well_behaved
+    end = finished(api, task_id)
+    assert end["state"] == "done", end
+    assert kindex.validate(cluster.root / "agent1") == []
+    assert api.post("/v1/agents/agent1/knowledge/reindex/root").status_code == 200  # the agent is free
+
+
 def test_the_shared_rate_limit_holds_across_workers(cluster: Cluster) -> None:
     api = cluster.api()
     for n in ("w1", "w2"):

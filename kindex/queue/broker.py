@@ -87,6 +87,9 @@ def make_app(url: str, *, redeliver_after: float = DEFAULT_REDELIVER_AFTER) -> C
             "visibility_timeout": redeliver_after,
             "unacked_restore_interval": min(5.0, redeliver_after / 2),
             "unacked_restore_throttle": 1,
+            # The lock kombu takes to restore unacknowledged messages: a worker cut off while holding it stopped
+            # every redelivery for kombu's default five minutes.
+            "unacked_mutex_expire": int(min(60.0, max(10.0, redeliver_after / 2))),
             "socket_timeout": 10,
             "socket_connect_timeout": 5,
             "health_check_interval": 25,

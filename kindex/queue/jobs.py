@@ -277,7 +277,10 @@ class Lease:
         self.ttl_ms = max(1000, int(ttl * 1000))
         self.token = f"{task_id}:{uuid.uuid4().hex}"
         self.lost = threading.Event()
-        """Set once another holder took the lease: stop, and write nothing more."""
+        """Set once another holder took the lease, or may have: stop, and write nothing more."""
+        self.out_of_touch = threading.Event()
+        """Set when Redis could not be reached for longer than the lease: whether another worker took the step over
+        is not known, so the step goes back to the queue (a copy that finds it taken or finished ends there)."""
 
     def acquire(self) -> bool:
         return bool(self.store.redis.set(self.key, self.token, nx=True, px=self.ttl_ms))

@@ -159,6 +159,11 @@ class StepRunner:
             options = replace(kb.settings.generation, client=client, on_progress=progress, cancel=cancel)
             report = step_of(rec).run(kb, options)
         except CancelledRun as exc:
+            if lease.out_of_touch.is_set():
+                # Acknowledged as "lost", the step was dropped after a stall or a partition that no other worker had
+                # taken it over in: its record said "running" and its agent stayed busy for good.
+                log.warning("Redis out of reach longer than the lease: stopped, back to the queue", extra=ctx)
+                raise Reject("Redis out of reach longer than the lease", requeue=True) from None
             if lease.lost.is_set():
                 log.warning("lease lost (another worker holds the agent): stopped, nothing written", extra=ctx)
                 return "lost"
@@ -260,6 +265,7 @@ class _Monitor:
             except redis.exceptions.RedisError:
                 if time.monotonic() - renewed > ttl:
                     # Out of touch longer than the lease: another worker may have taken the step over.
+                    self.lease.out_of_touch.set()
                     self.lease.lost.set()
                     self.cancel.set()
 
