@@ -27,7 +27,8 @@ CLI and the server map errors from these attributes alone. The message says what
     │   ├── AnswerError                  (an answer holds no usable JSON object)
     │   └── GenerationFailed             (no usable answer for one item after a repair request)
     ├── StorageError (also OSError)      storage_error               HTTP 500
-    ├── QueueUnavailableError            queue_unavailable           HTTP 503 (queue mode: Redis unreachable)
+    ├── QueueUnavailableError            queue_unavailable           HTTP 503 (queue mode: Redis refusing)
+    │   └── QueueUnreachableError        (Redis not answering: may come back)
     └── HttpError                        (raised by the HTTP service only)
         ├── UnauthorizedError            unauthorized                HTTP 401
         ├── ForbiddenError               forbidden                   HTTP 403
@@ -221,6 +222,11 @@ class QueueUnavailableError(KindexError):
 
     code = "queue_unavailable"
     http_status = 503
+
+
+class QueueUnreachableError(QueueUnavailableError):
+    """The Redis of queue mode did not answer (refused, timed out, gone mid-answer): it may come back, unlike one
+    that refuses (a password it wants, out of memory)."""
 
 
 class HttpError(KindexError):

@@ -32,7 +32,14 @@ import redis
 import redis.exceptions
 from pydantic import ValidationError
 
-from kindex.errors import BusyError, KindexError, QueueUnavailableError, TaskNotFoundError, UsageError
+from kindex.errors import (
+    BusyError,
+    KindexError,
+    QueueUnavailableError,
+    QueueUnreachableError,
+    TaskNotFoundError,
+    UsageError,
+)
 from kindex.hosts import redact_url
 from kindex.kb import Step
 from kindex.results import TERMINAL_STATES, ErrorBody, RunReport, StepProgress, TaskModel
@@ -121,7 +128,7 @@ def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
     except redis.exceptions.AuthenticationError as exc:  # a ConnectionError to redis-py, but not "check that it runs"
         raise QueueUnavailableError(f"{url_hint} {_AUTH_ADVICE} ({exc})") from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise QueueUnavailableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
+        raise QueueUnreachableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
     except redis.exceptions.RedisError as exc:
         raise QueueUnavailableError(f"{url_hint} refused the request: {exc}") from None
 

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import random
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from kindex.errors import CancelledRun, UsageError
+from kindex.errors import CancelledRun, QueueUnreachableError, UsageError
 from kindex.llm import Completion, LLMClient, Message
 from kindex.queue.jobs import reaching
 from kindex.tokenize import estimate_tokens
@@ -136,6 +137,8 @@ class SharedLimit:
 
 WAIT_SLICE = 0.2
 """A call waiting for the limit looks at its step's cancel this often."""
+REDIS_PATIENCE = 120.0
+"""How long a call waits for the Redis that keeps the limit to answer again before its step fails."""
 
 
 class LimitedClient:
@@ -155,10 +158,19 @@ class LimitedClient:
     ) -> Completion:
         answer_cap = max(self.max_tokens, max_tokens or 0)
         reserved = sum(estimate_tokens(m.get("content", "")) for m in messages) + min(answer_cap, ANSWER_RESERVE)
+        give_up = time.monotonic() + REDIS_PATIENCE
         while True:
             if self.cancel.is_set():
                 raise CancelledRun("the run was cancelled while it waited for the shared model limit")
-            wait = self.limit.take(reserved)
+            try:
+                wait = self.limit.take(reserved)
+            except QueueUnreachableError:
+                # A Redis restart failed the whole step here. It waits for Redis as the rest of the step does; one
+                # away longer than the lease has the step handed back to the queue (the worker's lease monitor).
+                if time.monotonic() > give_up:
+                    raise
+                await asyncio.sleep(WAIT_SLICE)
+                continue
             if wait <= 0:
                 break
             # Jitter: waiters do not all wake at once. Sliced: a cancel is seen within WAIT_SLICE.
