@@ -459,6 +459,9 @@ def test_a_redis_that_refuses_answers_503_with_its_reason(tmp_path: Path) -> Non
             r = client.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"})
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "queue_unavailable" and "maxmemory" in r.json()["error"]["message"]
+            # /healthz said 200 "ok" meanwhile, and a load balancer never saw that no step could be queued.
+            health = client.get("/healthz")
+            assert health.status_code == 503 and "maxmemory" in health.json()["queue"]["error"]
     finally:
         server.kill()
 

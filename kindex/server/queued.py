@@ -113,6 +113,9 @@ class QueuedTasks:
     def _counts(self) -> tuple[int, list[str], int]:
         with reaching():
             queued = int(self.store.redis.llen(QUEUE))
+            # A write, as queueing a step is: a Redis full under noeviction answers reads, and health said "ok"
+            # while every step was refused.
+            self.store.redis.set(self.store.key("health", "probe"), "1", px=10_000)
         return self.store.active(), self.store.workers(), queued
 
     def stop(self) -> None:
