@@ -211,15 +211,24 @@ def test_two_replicas_two_workers_share_tasks_busy_and_cancel(cluster: Cluster) 
             json.loads(line)  # every line the workers logged is one JSON object
 
 
-def test_a_killed_worker_s_task_is_finished_by_the_other(cluster: Cluster) -> None:
-    api = cluster.api()
+def running_on_one_of_two(
+    cluster: Cluster, api: httpx.Client, calls: int
+) -> tuple[dict[str, subprocess.Popen[str]], str, str]:
+    """Two workers with a short lease, and a reindex of agent1 ``calls`` model calls in: the workers, the task, and
+    the worker running it."""
     procs = {n: cluster.worker(n, "--lease", "2", "--redeliver-after", "4") for n in ("w1", "w2")}
     workers_ready(api, {"w1", "w2"})
     cluster.llm.script = slow_model(0.3)
     task_id = api.post("/v1/agents/agent1/knowledge/reindex", params={"wait": "false"}).json()["id"]
-    cluster.llm.wait_for_requests(6)
+    cluster.llm.wait_for_requests(calls)
     first = task_state(api, task_id)["worker"]
     assert first in procs
+    return procs, task_id, first
+
+
+def test_a_killed_worker_s_task_is_finished_by_the_other(cluster: Cluster) -> None:
+    api = cluster.api()
+    procs, task_id, first = running_on_one_of_two(cluster, api, 6)
     procs[first].send_signal(signal.SIGKILL)
     procs[first].wait()
     end = finished(api, task_id)
@@ -614,3 +623,21 @@ def test_a_call_waits_out_a_restart_of_the_redis_that_keeps_the_shared_limit() -
     refusing = LimitedClient(model, Restarting([QueueUnavailableError("refused: OOM")]), 600)  # type: ignore[arg-type]
     with pytest.raises(QueueUnavailableError, match="OOM"):
         asyncio.run(refusing.complete([{"role": "user", "content": "x"}], json_schema={}))
+
+
+def test_a_worker_paused_past_its_lease_and_its_redelivered_copy_end_the_task_done(cluster: Cluster) -> None:
+    # The copy delivered to the other worker met the KB's lock, still held by the paused first copy, and failed the
+    # task "busy", freeing the agent; the first copy then finished the work, its end refused (a hostile campaign).
+    api = cluster.api()
+    procs, task_id, first = running_on_one_of_two(cluster, api, 4)
+    other = next(n for n in procs if n != first)
+    procs[first].send_signal(signal.SIGSTOP)
+    try:
+        met = ("lock is held by another writer", "another kindex run is writing")  # now, and before
+        until(lambda: any(m in line for line in cluster.logs[other] for m in met), "the copy to meet the lock")
+        assert task_state(api, task_id)["state"] in ("queued", "running")
+    finally:
+        procs[first].send_signal(signal.SIGCONT)
+    end = finished(api, task_id)
+    assert end["state"] == "done", end
+    assert kindex.validate(cluster.root / "agent1") == []

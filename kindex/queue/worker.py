@@ -31,7 +31,7 @@ import redis.exceptions
 from celery import signals
 from celery.exceptions import Reject, Retry
 
-from kindex.errors import CancelledRun, InternalError, KBNotFoundError, KindexError
+from kindex.errors import BusyError, CancelledRun, InternalError, KBNotFoundError, KindexError
 from kindex.generate import Progress
 from kindex.hosts import redact_url
 from kindex.jsonlog import LOG_CONFIG
@@ -69,6 +69,11 @@ class WorkerConfig:
     limits: Mapping[str, ModelLimit] = field(default_factory=dict)
     lease: float = DEFAULT_LEASE
     redeliver_after: float = DEFAULT_REDELIVER_AFTER
+
+
+class _HeldHere(KindexError):
+    """The step met the KB's writer lock held on this host: it is tried again later, not failed (never raised out
+    of :meth:`StepRunner.execute`)."""
 
 
 class StepRunner:
@@ -122,6 +127,13 @@ class StepRunner:
         monitor.start()
         try:
             return self._run(lease, task_id, cancel, ctx)
+        except _HeldHere:
+            # The KB's own lock is held on this host: by a command, or by this very task's first copy, paused past its
+            # lease (a stopped process, a stalled VM) and redelivered here. Failing it "busy" freed the agent while that
+            # copy went on writing, and its end was refused: the task said failed when its work was done.
+            wait = min(10.0, max(0.5, self.config.lease / 6))
+            log.info("the KB's lock is held by another writer: again in %.1f s", wait, extra=ctx)
+            raise retry(wait) from None
         finally:
             monitor.stop()
             # It lapses by itself.
@@ -174,6 +186,9 @@ class StepRunner:
             self._end(lease, {**base, **finished(self._error(exc), state="cancelled")})
             log.info("step cancelled", extra=ctx)
             return "cancelled"
+        except BusyError:
+            lease.write({**base, "state": "queued"})
+            raise _HeldHere("the KB's writer lock is held on this host") from None
         except KindexError as exc:
             self._end(lease, {**base, **finished(self._error(exc))})
             log.warning("step failed: %s", exc.message, extra=ctx)
