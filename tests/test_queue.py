@@ -641,3 +641,30 @@ def test_a_worker_paused_past_its_lease_and_its_redelivered_copy_end_the_task_do
     end = finished(api, task_id)
     assert end["state"] == "done", end
     assert kindex.validate(cluster.root / "agent1") == []
+
+
+def test_task_records_are_bounded_in_number_not_only_by_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client looping submit and DELETE on one agent made 1,000 records a minute, each kept a week (a hostile
+    # campaign): Redis under noeviction would fill up, and then refuse every step.
+    import kindex.queue.jobs
+    from kindex.errors import TaskNotFoundError
+    from kindex.kb import Step
+    from kindex.queue.jobs import JobStore
+
+    monkeypatch.setattr(kindex.queue.jobs, "MAX_RECORDS", 3)
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        store = JobStore.from_url(server.url)
+        running = store.create("other", Step("reindex")).id  # the oldest, not finished: never dropped
+        made = []
+        for _ in range(5):
+            made.append(store.create("agent1", Step("reindex")).id)
+            store.cancel(made[-1])
+        for gone in made[:3]:
+            with pytest.raises(TaskNotFoundError):
+                store.get(gone)
+        assert [store.get(t).state for t in made[3:]] == ["cancelled", "cancelled"]
+        assert store.get(running).state == "queued"
+    finally:
+        server.kill()

@@ -11,9 +11,13 @@ Keys (prefix ``kindex:``)::
                   lapsed when the worker dies; only its holder may write the task's record (fenced writes)
     cancel:{id}   set by DELETE /v1/tasks/{id}; the worker polls it and stops before its next write
     active        set of the ids of tasks not finished (for /healthz)
+    records       sorted set of every task id by creation time: past MAX_RECORDS the oldest finished go
     workers       hash: worker name -> when it last said it was alive
 
 Every change that reads before it writes is one Lua script, so two replicas or two workers cannot interleave.
+
+Long because the record, the lease, the cancel flag and the bound on records are one set of keys that those
+scripts change together.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ T = TypeVar("T")
 
 PREFIX = "kindex"
 RECORD_TTL = 7 * 86400
+MAX_RECORDS = 100_000
+"""Task records kept, newest first, whatever their age (a few hundred MB at most): one client looping submit and
+DELETE made 1,000 a minute (1.6 MB), each kept a week, and a Redis run under ``noeviction`` would have filled up.
+A task not finished is never dropped. 10,000 agents × a few steps a day stay within it for the week."""
 """Seconds a finished task stays readable."""
 WORKER_SEEN_WITHIN = 30.0
 """A worker that said nothing for this long is not counted as alive by /healthz."""
@@ -61,8 +69,22 @@ if holder then
   if st == 'queued' or st == 'running' then return holder end
 end
 redis.call('SET', KEYS[1], ARGV[1])
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+local over = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[3])
+if over > 0 then
+  -- the oldest finished ones go (a task not finished, at most one per agent, is stepped over)
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, over + 99)) do
+    if over <= 0 then break end
+    local st = redis.call('HGET', ARGV[2] .. ':task:' .. id, 'state')
+    if st ~= 'queued' and st ~= 'running' then
+      redis.call('DEL', ARGV[2] .. ':task:' .. id, ARGV[2] .. ':cancel:' .. id)
+      redis.call('ZREM', KEYS[4], id)
+      over = over - 1
+    end
+  end
+end
 return false
 """
 # A write by the lease holder only, never over a finished record; the final one also frees the agent.
@@ -199,8 +221,13 @@ class JobStore:
         }
         with reaching():
             holder = self._claim(
-                keys=[self.key("busy", agent_id), self.key("task", task_id), self.key("set", "active")],
-                args=[task_id, self.prefix, *_flat(fields)],
+                keys=[
+                    self.key("busy", agent_id),
+                    self.key("task", task_id),
+                    self.key("set", "active"),
+                    self.key("set", "records"),
+                ],
+                args=[task_id, self.prefix, MAX_RECORDS, repr(now), *_flat(fields)],
             )
         if holder is not None:
             raise BusyError.held_by(agent_id, str(holder))
