@@ -668,3 +668,25 @@ def test_task_records_are_bounded_in_number_not_only_by_age(tmp_path: Path, monk
         assert store.get(running).state == "queued"
     finally:
         server.kill()
+
+
+def test_a_task_cancelled_after_its_worker_stopped_is_not_said_never_to_have_run(tmp_path: Path) -> None:
+    # A DELETE of a task whose worker had died part way answered "cancelled before it ran" at 27 of 110.
+    from kindex.kb import Step
+    from kindex.queue.jobs import JobStore
+
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        store = JobStore.from_url(server.url)
+        never = store.create("agent1", Step("reindex")).id
+        assert store.cancel(never).error.message == "the task was cancelled before it ran"  # type: ignore[union-attr]
+        ran = store.create("agent1", Step("reindex")).id
+        store.redis.hset(
+            store.key("task", ran), mapping={"state": "running", "worker": "w1", "completed": 27, "total": 110}
+        )
+        assert store.cancel(ran).error.message == (  # type: ignore[union-attr]
+            "the task was cancelled after its worker stopped running it (27 of 110 steps done, their index files kept)"
+        )
+    finally:
+        server.kill()

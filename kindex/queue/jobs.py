@@ -253,7 +253,16 @@ class JobStore:
         """Ask the task to stop: a queued task (or one whose worker died) is cancelled at once, a running one stops
         before its next write (its worker polls the flag)."""
         rec = self.get(task_id)
-        error = {"code": "cancelled", "message": "the task was cancelled before it ran"}
+        done = rec.progress.completed
+        # Cancelled here only when no worker holds it: never started, or its worker stopped (died, or was cut off)
+        # part way, which "before it ran" misdescribed.
+        message = (
+            f"the task was cancelled after its worker stopped running it ({done} of {rec.progress.total} steps "
+            "done, their index files kept)"
+            if done or rec.worker
+            else "the task was cancelled before it ran"
+        )
+        error = {"code": "cancelled", "message": message}
         with reaching():
             self._cancel(
                 keys=[
