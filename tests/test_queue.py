@@ -398,8 +398,9 @@ def test_a_worker_missing_the_agents_folder_says_so_without_its_path(cluster: Cl
     end = finished(api, task_id)
     assert end["state"] == "failed" and end["error"]["code"] == "kb_not_found", end
     assert end["error"]["message"] == (
-        "agent 'agent1' has no knowledge folder under the --kb-root of worker w1 (its log names the path): start "
-        "every worker on the agents' folder the API replicas serve"
+        "agent 'agent1' has no knowledge folder under the --kb-root of worker w1 (its log names the path): it was "
+        "deleted since the step was sent, or this worker was started on another folder than the one the API "
+        "replicas serve (start every worker on theirs)"
     )
     until(lambda: any(str(other) in line for line in cluster.logs["w1"]), "the worker's log to name its path")
 

@@ -230,7 +230,8 @@ class StepRunner:
             log.warning("agent %r has no folder under --kb-root %s", agent_id, self.config.kb_root)
             raise KBNotFoundError(
                 f"agent {agent_id!r} has no knowledge folder under the --kb-root of worker {self.config.name} (its "
-                "log names the path): start every worker on the agents' folder the API replicas serve"
+                "log names the path): it was deleted since the step was sent, or this worker was started on another "
+                "folder than the one the API replicas serve (start every worker on theirs)"
             ) from None
 
     def _client(self, kb: KnowledgeBase, cancel: threading.Event) -> LLMClient | None:
