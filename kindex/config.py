@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kindex.errors import InvalidDataError, InvalidFileError, UsageError
+from kindex.files import regular_file
 from kindex.globs import usable_glob
 
 CONFIG_FILE = "kindex.toml"
@@ -319,4 +320,4 @@ def absent_documents(kb: str | os.PathLike[str], names: Iterable[str]) -> tuple[
     the default overview names are the sample KB's, and a KB without them falls back to its README or index page,
     else an overview of its index, which ``kindex config`` says rather than leave the user to find out."""
     root = Path(kb)
-    return tuple(n for n in names if not (root / n).is_file())
+    return tuple(n for n in names if not regular_file(root / n))

@@ -253,9 +253,10 @@ def _run(
     s = scanned()
     # The lock first: a second writer is refused at once, not after the model adapter has loaded (seconds).
     with write_lock(s.kb, step, wait=opts.wait, cancel=opts.cancel) as held:
-        if held.waited or _written(s.kb) != before:
-            # Another writer ran since the scan: an edit it indexed, a page it added or removed. Merged from the old
-            # scan, this step's write would undo that one's (a later save lost, a deleted page back in the index).
+        if _written(s.kb) != before:
+            # Another writer ran since the scan (this step waited for it, or it ended just before): an edit it
+            # indexed, a page it added or removed. Merged from the old scan, this step's write would undo that one's
+            # (a later save lost, a deleted page back in the index).
             s = scanned()
         themes = list(s.themes) if step == "reindex" else [subject] if subject is not None else []
         for theme in themes:

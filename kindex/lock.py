@@ -39,8 +39,6 @@ class HeldLock:
     path: Path
     identity: tuple[int, int]
     """(device, inode) of the lock file the lock was taken on."""
-    waited: bool = False
-    """Another writer held the lock when it was asked for: what the step read before may have changed since."""
 
     def check(self) -> None:
         """Raise :class:`StorageError` when this is no longer the KB's lock: its file was deleted or replaced
@@ -84,17 +82,14 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
     state = _state_folder(kb)
     lock = filelock.FileLock(str(state / LOCK_FILE), thread_local=False)
     deadline = time.monotonic() + wait
-    waited = False  # another writer held the lock when it was first asked for: what the step read may be old
+    waited = False
     while True:
         if cancel is not None and cancel.is_set():
             # Cancelled during the scan before the lock, with no other writer: "waiting for another" was untrue.
             during = "while waiting for another writer" if waited else "before it started"
             raise CancelledRun(f"the run was cancelled {during}; nothing was written")
         try:
-            # The first try does not wait, so that a step knows whether it had to (a single blocking try with the
-            # whole ``wait`` would not say).
-            limit = min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait) if waited else 0.0
-            lock.acquire(timeout=max(0.0, limit))
+            lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(), CANCEL_POLL_S if cancel else wait)))
             break
         except filelock.Timeout:
             waited = True
@@ -107,7 +102,7 @@ def write_lock(kb: Path, what: str, *, wait: float = 0.0, cancel: threading.Even
             raise _lock_error(kb, state / LOCK_FILE, exc, "writer lock") from None
     try:
         st = os.stat(state / LOCK_FILE)
-        mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino), waited)
+        mine = HeldLock(state / LOCK_FILE, (st.st_dev, st.st_ino))
         held[kb] = [1, mine]
         _write_holder(state / HOLDER_FILE, what)
         yield mine

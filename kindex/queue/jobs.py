@@ -52,11 +52,11 @@ T = TypeVar("T")
 
 PREFIX = "kindex"
 RECORD_TTL = 7 * 86400
+"""Seconds a finished task stays readable."""
 MAX_RECORDS = 100_000
 """Task records kept, newest first, whatever their age (a few hundred MB at most): one client looping submit and
 DELETE made 1,000 a minute (1.6 MB), each kept a week, and a Redis run under ``noeviction`` would have filled up.
 A task not finished is never dropped. 10,000 agents × a few steps a day stay within it for the week."""
-"""Seconds a finished task stays readable."""
 WORKER_SEEN_WITHIN = 30.0
 """A worker that said nothing for this long is not counted as alive by /healthz."""
 SOCKET_TIMEOUT = 5.0
