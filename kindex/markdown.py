@@ -334,25 +334,49 @@ def _lead(body: str, fence: str) -> str:
     return _MARKERS.sub(lambda m: " " * len(m.group()), body[: body.index(fence)])
 
 
-# The start and end of a CommonMark HTML block of type 1 that holds no prose: a line indented three spaces at most
-# that opens <style> or <script> (the tag name whole: not <styled-component>, not <scripts>), and the first line
-# after it that closes it.
-_RAW_START = re.compile(r" {0,3}<(style|script)(?:[ \t\r>]|$)", re.IGNORECASE)
-_RAW_START_ANYWHERE = re.compile(r"^ {0,3}<(?:style|script)(?:[ \t\r>]|$)", re.IGNORECASE | re.MULTILINE)
-_RAW_END = {name: re.compile(rf"</{name}>", re.IGNORECASE) for name in ("style", "script")}
+# The start and end of an HTML block that holds no prose: a line indented three spaces at most that opens <style>,
+# <script> or <head> (the tag name whole: not <styled-component>, not <scripts>, not <header>), and the first line
+# after it that closes it. Docusaurus pages open with a <head> of canonical links and meta tags.
+_RAW_TAGS = ("style", "script", "head")
+_RAW_START = re.compile(r" {0,3}<(style|script|head)(?:[ \t\r>]|$)", re.IGNORECASE)
+_RAW_START_ANYWHERE = re.compile(
+    r"^(?: {0,3}<(?:style|script|head)(?:[ \t\r>]|$)|import[ \t])", re.IGNORECASE | re.MULTILINE
+)
+_RAW_END = {name: re.compile(rf"</{name}>", re.IGNORECASE) for name in _RAW_TAGS}
+MAX_IMPORT_LINE = 1_000
+"""An MDX import statement longer than this is not taken for one (a real one names a component and a module)."""
+
+
+def mdx_import(text: str) -> bool:
+    """Whether a line is an MDX import statement (``import Tabs from '@theme/Tabs';``, ``import './x.css';``): a
+    build directive of Docusaurus-style pages, at the start of a line outside code, that says nothing to a reader.
+    String tests only, no regex: the line is untrusted. Prose that starts with "import" does not end in a quoted
+    module name after ``from``; code in an indented block does not start at the line's first column."""
+    if not text.startswith(("import ", "import\t")) or len(text) > MAX_IMPORT_LINE:
+        return False
+    line = text.rstrip().removesuffix(";").rstrip()
+    if len(line) < 9 or line[-1] not in "'\"":
+        return False
+    module_start = line.rfind(line[-1], 0, len(line) - 1)
+    if module_start < 0:
+        return False
+    head = line[:module_start].rstrip()
+    return head == "import" or (head.endswith(" from") and len(head) > len("import  from"))
 
 
 def may_hold_raw_blocks(text: str) -> bool:
-    """Whether a line of ``text`` opens a ``<style>`` or ``<script>`` block: one regex search, so that most pages (a
-    tag named in prose or inline code included) skip the line pass of :func:`outside_raw_blocks`."""
+    """Whether a line of ``text`` opens a ``<style>``, ``<script>`` or ``<head>`` block or may be an MDX import:
+    one regex search, so that most pages (a tag named in prose or inline code included) skip the line pass of
+    :func:`outside_raw_blocks`."""
     return _RAW_START_ANYWHERE.search(text) is not None
 
 
 def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
-    """The lines outside ``<style>`` and ``<script>`` blocks (a page's CSS or JavaScript is neither what it says
-    nor worth a reader's tokens), as CommonMark reads such blocks; lines of fenced code are kept, whatever they
-    show. Unlike CommonMark, a block that never closes is no block (prose that opens a line with "<script> tags
-    are stripped" keeps the rest of the page), and what follows the closing tag on its line is kept."""
+    """The lines outside ``<style>``, ``<script>`` and ``<head>`` blocks (a page's CSS, JavaScript or metadata is
+    neither what it says nor worth a reader's tokens), as CommonMark reads such blocks, and outside MDX import
+    lines (:func:`mdx_import`); lines of fenced code are kept, whatever they show. Unlike CommonMark, a block that
+    never closes is no block (prose that opens a line with "<script> tags are stripped" keeps the rest of the page),
+    and what follows the closing tag on its line is kept."""
     next_close: dict[str, list[int]] = {name: [] for name in _RAW_END}  # lines holding each closing tag, in order
     for i, line in enumerate(text_lines):
         if line.fence is None and "</" in line.text:
@@ -365,6 +389,9 @@ def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
         line = text_lines[i]
         start = _RAW_START.match(line.text) if line.fence is None else None
         if start is None:
+            if line.fence is None and mdx_import(line.text):
+                i += 1
+                continue
             yield line
             i += 1
             continue

@@ -55,7 +55,7 @@ _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.)[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 SCAN_FILE = "scan.json"
-_SCAN_FORMAT = 2  # 2: CR-only frontmatter read, headings without inline marks
+_SCAN_FORMAT = 3  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports
 _MAX_SCAN_FILE_BYTES = 256 * 2**20
 _RACY_NS = 2 * 10**9
 """A file changed less than this before it was read may change again within its file system's timestamp step

@@ -446,6 +446,49 @@ def test_only_real_style_and_script_blocks_are_left_out(body: str, kept: str | N
     assert clean_body(body) == (body if kept is None else kept)
 
 
+# A Docusaurus page (APISIX's docs, half of them) opens with a <head> of canonical links and MDX imports: served to
+# the agent, written into the model's excerpt and indexed as body words ("canonical", "tabitem") before.
+_DOCUSAURUS = (
+    '---\ntitle: limit-req\n---\n\n<head>\n  <link rel="canonical" href="https://docs.api7.ai/hub/limit-req" />\n'
+    "</head>\n\nimport Tabs from '@theme/Tabs';\nimport TabItem from \"@theme/TabItem\"\nimport './custom.css';\n\n"
+    "## 描述\n\n插件使用漏桶算法限制请求。\n\n```js\nimport Tabs from '@theme/Tabs';\n```\n"
+)
+
+
+def test_served_text_and_excerpt_leave_out_a_docusaurus_head_and_mdx_imports(tmp_path: Path) -> None:
+    from kindex.scan import document_text
+
+    write(tmp_path / "limit-req.md", _DOCUSAURUS)
+    served = "## 描述\n\n插件使用漏桶算法限制请求。\n\n```js\nimport Tabs from '@theme/Tabs';\n```"
+
+    assert document_text(tmp_path, "limit-req.md") == served
+    (doc,) = scan(tmp_path).root_docs
+    assert doc.excerpt == served  # what the model is shown
+    kindex.reindex(tmp_path)
+    assert kindex.search(tmp_path, "漏桶", limit=5)
+    assert not kindex.search(tmp_path, "canonical", limit=5)  # not a word of the page's text
+    assert not kindex.search(tmp_path, "custom.css", limit=5)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import os\n",  # Python prose or a stray line: no quoted module
+        "import 语句把模块引入当前文件。\n",
+        "Import Tabs from '@theme/Tabs';\n",  # a sentence, not the keyword
+        "    import Tabs from '@theme/Tabs';\n",  # indented code
+        "import the file from 'Downloads', then open it\n",  # prose that quotes, not ending in the module
+        "<header>\n",  # not <head>
+        "import" + " x" * 600 + " from 'y'\n",  # past the bound
+    ],
+)
+def test_lines_that_are_not_mdx_imports_or_head_blocks_are_kept(line: str) -> None:
+    from kindex.scan import clean_body
+
+    body = "Intro\n" + line + "</header>\nEnd\n"
+    assert clean_body(body) == body
+
+
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:
     from kindex.extractive import distinctive_tags
 
