@@ -139,6 +139,11 @@ def normalize(text: str) -> str:
     return simplified(_nfkc(text).casefold())
 
 
+def title_key(text: str) -> str:
+    """A title or a question as compared character for character: case, width, script and punctuation aside."""
+    return "".join(c for c in normalize(text) if c.isalnum())
+
+
 _T2S_FILE = Path(__file__).with_name("zh_t2s.txt")  # written by tools/build_zh_t2s.py
 _t2s: dict[int, int] | None = None
 

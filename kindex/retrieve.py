@@ -43,6 +43,7 @@ from kindex.analysis import (
     stem,
     stems,
     surface_forms,
+    title_key,
     traditional_runs,
     value_terms,
     visible,
@@ -322,8 +323,12 @@ class _Loaded:
     """Unconditional documents in a folder by case-folded path (-1 where two paths differ only in case): how a path
     written in a message names a document (:func:`_named`); made on first use."""
     by_title: dict[str, list[int]] | None = None
-    """Unconditional documents by :func:`_title_key` of their title: how a question made only of stop words names a
-    page (:func:`_titled_in_words`); made on the first such question."""
+    """Unconditional documents by :func:`~kindex.analysis.title_key` of their entry's title and of their own
+    (:attr:`DocRecord.own_title`): how a question made only of stop words names a page (:func:`_titled_in_words`);
+    made on the first such question."""
+    by_own_title: dict[str, list[int]] | None = None
+    """Unconditional documents by their own title where their entry gives another (:attr:`DocRecord.own_title`):
+    how a question names a page whose entry a model titled otherwise (:func:`_own_titled`); made on first use."""
 
 
 MAX_FALLBACK_CHECKED = 100
@@ -1119,6 +1124,10 @@ def _rank(
     if named:
         candidates = np.setdiff1d(candidates, named, assume_unique=True)
     titled = _among(scored.titled, candidates) if scored.terms else candidates.astype(np.int32)
+    asked = title_key(scored.message) if len(scored.message) <= MAX_TITLE_CHARS else ""
+    own = _among(_own_titled(loaded, asked), candidates) if scored.terms else _NO_DOCS
+    if len(own):
+        titled = np.union1d(titled, own).astype(np.int32)
     # A page's title asked word for word is on topic whatever its words' weight: `CASE`, `Trigger` or `Go` to a
     # database's manual name a page, though the manual uses them too often for them to cover a question.
     if len(titled) or scored.on_topic(candidates, min_relevance):
@@ -1132,9 +1141,10 @@ def _rank(
             at = np.searchsorted(candidates, titled)
             top = final.max()
             final[at] += top
-            asked = _title_key(scored.message)
             exact = [
-                i for i, d in zip(at.tolist(), titled.tolist(), strict=True) if _title_key(_title(loaded, d)) == asked
+                i
+                for i, d in zip(at.tolist(), titled.tolist(), strict=True)
+                if asked in (title_key(_title(loaded, d)), loaded.index.docs[d].own_title)
             ]
             final[exact] += top
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
@@ -1168,27 +1178,40 @@ MAX_TITLE_CHARS = 200
 
 
 def _titled_in_words(loaded: _Loaded, message: str) -> npt.NDArray[np.intp]:
-    """The documents titled ``message`` character for character (:func:`_title_key`), for a question of stop words
-    only (``About``, ``关于我们``, ``WHERE``): analysis keeps none of its words, yet a person typing a page's title asks
-    for that page."""
-    asked = _title_key(message) if len(message) <= MAX_TITLE_CHARS else ""
+    """The documents titled ``message`` character for character (:func:`~kindex.analysis.title_key`), for a
+    question of stop words only (``About``, ``关于我们``, ``WHERE``): analysis keeps none of its words, yet a person
+    typing a page's title asks for that page."""
+    asked = title_key(message) if len(message) <= MAX_TITLE_CHARS else ""
     if not asked:
         return np.zeros(0, np.intp)
     if loaded.by_title is None:
         by_title: dict[str, list[int]] = {}
         for idx in np.flatnonzero(loaded.unconditional).tolist():
-            by_title.setdefault(_title_key(_title(loaded, idx)), []).append(idx)
+            by_title.setdefault(title_key(_title(loaded, idx)), []).append(idx)
+            if own := loaded.index.docs[idx].own_title:
+                by_title.setdefault(own, []).append(idx)
         loaded.by_title = by_title
     return np.array(loaded.by_title.get(asked, ()), np.intp)
 
 
+def _own_titled(loaded: _Loaded, asked: str) -> npt.NDArray[np.int32]:
+    """The documents whose own title is ``asked`` (a :func:`~kindex.analysis.title_key`) where their entry gives
+    another: a model titles the page 测试 ``测试 TestClient`` and APISIX's ``Admin API`` ``APISIX Admin API``, and a
+    person typing the title the page shows asks for that page as much as one typing its entry's (:func:`_titled`).
+    Character for character: the entry's title is the one analysed for search."""
+    if not asked:
+        return _NO_DOCS
+    if loaded.by_own_title is None:
+        by_own: dict[str, list[int]] = {}
+        for idx, doc in enumerate(loaded.index.docs):
+            if doc.own_title and loaded.unconditional[idx]:
+                by_own.setdefault(doc.own_title, []).append(idx)
+        loaded.by_own_title = by_own
+    return np.array(loaded.by_own_title.get(asked, ()), np.int32)
+
+
 def _title(loaded: _Loaded, doc: int) -> str:
     return str(loaded.index.docs[doc].entry.get("title", ""))
-
-
-def _title_key(text: str) -> str:
-    """A title or a question as compared character for character: case, width, script and punctuation aside."""
-    return "".join(c for c in normalize(text) if c.isalnum())
 
 
 def check_context_options(budget_tokens: int, max_docs: int, min_relevance: float) -> None:

@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from kindex.analysis import ANALYZER_VERSION, analyze, vocabulary
+from kindex.analysis import ANALYZER_VERSION, analyze, title_key, vocabulary
 from kindex.errors import IndexMissingError, InvalidFileError, KBNotFoundError, KindexError
 from kindex.gcpause import collector_paused
 from kindex.globs import without_dot_folders
@@ -55,9 +55,11 @@ from kindex.scan import Scan, document_digest, headings_of, scan
 from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest, refusal
 
 SEARCH_FILE = "search.npz"
-FORMAT = 5
+FORMAT = 6
 """3: the theme entries' terms are saved too (see ``SearchIndex.theme_terms``); 4: the index files' digests;
-5: the anchors field, and each document's links."""
+5: the anchors field, and each document's links; 6: a document's own title where its entry gives another."""
+MAX_OWN_TITLE = 200
+"""Characters of a document's own title kept: a longer one is no title a person types."""
 FIELDS = ("title", "tags", "summary", "questions", "headings", "path", "anchors", "body")
 _ANCHORS = FIELDS.index("anchors")
 MAX_LINKS_PER_DOC = 1_000
@@ -97,6 +99,10 @@ class DocRecord:
     """Hash of everything its terms came from (entry, headings, body, analyzer version), its anchors aside."""
     anchors_key: str = ""
     """Hash of the link texts its anchors field was analysed from."""
+    own_title: str = ""
+    """The :func:`~kindex.analysis.title_key` of the title the document gives itself (frontmatter ``title``, else its
+    first heading) where its entry's title is another (a model writes ``测试 TestClient`` for the page titled 测试):
+    a person typing a page's title types the one the page shows."""
 
     @property
     def item(self) -> DocItem:
@@ -136,6 +142,8 @@ class Source:
     read_exactly: Callable[[], bool] = lambda: True
     """After ``read_body``: whether it gave the body of ``body_sha`` (a scan's stand-in excerpt does not: its
     postings are saved under no key, so the next build reads the document again)."""
+    own_title: str = ""
+    """The title the document gives itself (``ScannedDoc.title_hint``); empty when it was not scanned."""
 
 
 class FieldTable:
@@ -276,7 +284,11 @@ class SearchIndex:
             # A document no page links to is saved without its empty anchors key: 10,000 of them parse measurably
             # faster at a cold load.
             "docs": [
-                [d.path, d.theme, d.key, d.entry, d.anchors_key] if d.anchors_key else [d.path, d.theme, d.key, d.entry]
+                [d.path, d.theme, d.key, d.entry, d.anchors_key, d.own_title]
+                if d.own_title
+                else [d.path, d.theme, d.key, d.entry, d.anchors_key]
+                if d.anchors_key
+                else [d.path, d.theme, d.key, d.entry]
                 for d in self.docs
             ],
             "themes": [[t.dir, t.item.to_dict()] for t in self.themes],
@@ -412,15 +424,19 @@ def _item(obj: object) -> DocItem:
 
 
 def _record(row: Sequence[Any]) -> DocRecord:
-    path, theme, key, obj, anchors_key = row if len(row) != 4 else (*row, "")
+    if type(row) is not list or not 4 <= len(row) <= 6:
+        raise InvalidFileError("bad document record")
+    path, theme, key, obj, anchors_key, own_title = (*row, "", "")[:6]
     if (
         type(path) is not str
         or type(key) is not str
         or type(anchors_key) is not str
+        or type(own_title) is not str
+        or len(own_title) > MAX_OWN_TITLE
         or not (theme is None or type(theme) is str)
     ):
         raise InvalidFileError("bad document record")
-    return DocRecord(path, theme, _entry(obj), key, anchors_key)
+    return DocRecord(path, theme, _entry(obj), key, anchors_key, own_title)
 
 
 def _link(obj: object) -> tuple[str, str]:
@@ -531,8 +547,16 @@ def _anchors(docs: Sequence[tuple[str, DocLinks]]) -> dict[str, list[str]]:
 
 
 def _key(src: Source) -> str:
-    data = orjson.dumps([ANALYZER_VERSION, src.path, src.item.to_dict(), list(src.headings), src.body_sha])
+    data = orjson.dumps(
+        [ANALYZER_VERSION, src.path, src.item.to_dict(), list(src.headings), src.body_sha, src.own_title]
+    )
     return hashlib.sha256(data).hexdigest()
+
+
+def _own_title(src: Source) -> str:
+    """:attr:`DocRecord.own_title` of ``src``: empty where it is its entry's title."""
+    own = title_key(src.own_title[:MAX_OWN_TITLE]) if src.own_title else ""
+    return "" if own == title_key(src.item.title) else own
 
 
 def build(
@@ -631,7 +655,8 @@ def build(
             add("anchors", i, Counter(analyze(" \n".join(texts), vocab)))
         else:
             lengths[i, _ANCHORS] = 0.0
-        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), keys[i], anchors_key))
+        own = old_docs[k].own_title if (k := kept[i]) is not None else _own_title(src)
+        records.append(DocRecord(src.path, src.theme, src.item.to_dict(), keys[i], anchors_key, own))
     empty = FieldTable.empty()
     fields = {
         f: FieldTable.merge(
@@ -802,7 +827,9 @@ def _update(kb: Path, scan: Scan) -> int:
         doc = by_rel.get(rel)
         if doc is not None:
             exact = partial(lambda r: r not in scan.stand_ins, doc.rel)
-            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact))
+            sources.append(
+                Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact, doc.title_hint)
+            )
     previous = load(kb)
     index = build(sources, entries.themes, entries.signature, previous, entries.digests)
     before = {(d.path, d.key) for d in previous.docs} if previous is not None else set()
@@ -830,20 +857,22 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
     searched by its entry alone.
     """
     s: Scan | None = None
-    if previous is not None:
-        try:
-            # The scan's memory gives each unchanged document's digest and headings from a stat (it writes
-            # nothing): only the documents whose postings cannot be reused are read.
-            s = scan(kb)
-        except KindexError:  # a broken kindex.toml: every document is read
-            s = None
+    try:
+        # The scan's memory gives each unchanged document's digest and headings from a stat (it writes nothing):
+        # only the documents whose postings cannot be reused are read. Without tables to reuse, it still gives
+        # each document's own title (its frontmatter), as a step's build has it.
+        s = scan(kb)
+    except KindexError:  # a broken kindex.toml: every document is read
+        s = None
     by_rel = {d.rel: d for d in s.documents} if s is not None else {}
     sources = []
     for rel, theme, item in entries.docs:
         doc = by_rel.get(rel)
         if s is not None and doc is not None:
             exact = partial(lambda r, seen: r not in seen.stand_ins, rel, s)
-            sources.append(Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact))
+            sources.append(
+                Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact, doc.title_hint)
+            )
             continue
         # Every document is read anyway: once, with its digest, so that the next build can reuse its postings.
         text, digest = document_digest(kb, rel) or ("", "")

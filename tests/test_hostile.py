@@ -83,7 +83,9 @@ DAMAGE: dict[str, Callable[[Path], object]] = {
     ),
     "a theme's terms missing": lambda kb: _rewrite_meta(kb, lambda m: m.update(theme_terms=m["theme_terms"][1:])),
     "an anchors key a number": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].append(7)),
-    "a record of six fields": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].extend(["", []])),
+    "an own title a list": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].extend(["", []])),
+    "an own title past its bound": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].extend(["", "退款" * 101])),
+    "a record of seven fields": lambda kb: _rewrite_meta(kb, lambda m: m["docs"][0].extend(["", "退款", ""])),
     "the links not bytes": lambda kb: _rewrite_npz(kb, links=np.zeros(3, dtype=np.float32)),
     "NaN frequencies": lambda kb: _rewrite_npz(
         kb, **{"body.tfs": np.full(len(np.load(_npz(kb))["body.tfs"]), np.nan, dtype=np.float32)}

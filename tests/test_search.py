@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import kindex
 import kindex.retrieve
-from kindex import searchindex
+from kindex import Options, searchindex
 from kindex.analysis import analyze, vocabulary
 from kindex.cli import main
 from kindex.gcpause import collector_paused
@@ -23,6 +23,7 @@ from kindex.globs import glob_matches, usable_glob
 from kindex.kb import clear_cache
 from kindex.records import QUESTIONS_MAX, doc_item_from
 from kindex.scan import scan
+from tests.fakeclient import FakeClient
 
 SCAN = importlib.import_module("kindex.scan")
 
@@ -713,8 +714,8 @@ def test_a_doc_step_updates_the_anchors_of_the_pages_a_document_links_to(tmp_pat
     assert (stepped.lengths == whole.lengths).all()
 
 
-def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
-    # FastAPI zh: `测试` ranked the page titled 测试 fifth, below shorter pages that use the word more (异步测试…).
+def _testing_pages(tmp_path: Path) -> Path:
+    """A KB whose page titled 测试 uses the word once, and two shorter pages titled with it use it more."""
     kb = tmp_path / "kb"
     (kb / "t").mkdir(parents=True)
     (kb / "t" / "testing.md").write_text(
@@ -722,6 +723,12 @@ def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
     )
     (kb / "t" / "async.md").write_text("# 异步测试\n\n异步测试要用异步客户端，测试函数也是异步的。\n", encoding="utf-8")
     (kb / "t" / "events.md").write_text("# 测试事件\n\n测试启动和关闭事件，每个测试都会触发它们。\n", encoding="utf-8")
+    return kb
+
+
+def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
+    # FastAPI zh: `测试` ranked the page titled 测试 fifth, below shorter pages that use the word more (异步测试…).
+    kb = _testing_pages(tmp_path)
     (kb / "t" / "limits.md").write_text("# 如何配置限流\n\n" + "按路由设置每秒请求数。\n\n" * 20, encoding="utf-8")
     (kb / "t" / "plugins.md").write_text("# 插件\n\n限流插件的配置，限流与配置限流规则。\n", encoding="utf-8")
     kindex.reindex(kb)
@@ -743,6 +750,39 @@ def test_the_page_titled_with_the_question_ranks_first(tmp_path: Path) -> None:
     kindex.reindex(kb)
     assert [i.path for i in kindex.search(kb, "Static Files - StaticFiles")][:2] == ["t/ref.md", "t/guide.md"]
     assert next(i.path for i in kindex.search(kb, "static files")) == "t/guide.md"
+
+
+def test_a_page_a_model_titled_otherwise_is_still_found_by_its_own_title(
+    tmp_path: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    # With entries a capable model wrote, `测试` ranked the page titled 测试 (entry: "测试 TestClient") below pages
+    # that use the word more, and APISIX's `Admin API` (entry: "APISIX Admin API") seventh: the title rule compared
+    # the question with the entry's title only.
+    kb = _testing_pages(tmp_path)
+    (kb / "t" / "admin.md").write_text(
+        "---\ntitle: Admin API\n---\n\n## 描述\n\n" + "管理接口默认监听 9180 端口。\n\n" * 20, encoding="utf-8"
+    )
+    (kb / "t" / "routes.md").write_text(
+        "# 路由\n\n用 Admin API 创建路由：Admin API 的 routes 资源。\n", encoding="utf-8"
+    )
+    kindex.reindex(kb, fake_options)  # every entry titled "标题 <path>"
+
+    assert {d.path: d.own_title for d in searchindex.load(kb).docs}["t/admin.md"] == "adminapi"  # type: ignore[union-attr]
+    for question, page in [("测试", "t/testing.md"), ("Admin API", "t/admin.md"), ("admin api?", "t/admin.md")]:
+        assert kindex.search(kb, question)[0].path == page, question
+        assert kindex.build_context(kb, question).items[0].path == page, question
+    assert next(i.path for i in kindex.search(kb, "异步测试")) == "t/async.md"
+    assert kindex.search(kb, "测试 描述")[0].path != "t/testing.md"  # more than the title: ranked as before
+
+    # The same from tables built afresh from the index files (a copy without them, another kindex's): the scan
+    # gives each page its own title there too.
+    (kb / ".kindex" / "search.npz").unlink()
+    clear_cache()
+    assert kindex.search(kb, "Admin API")[0].path == "t/admin.md"
+
+    # Offline, the entry's title is the page's own: nothing is kept twice.
+    kindex.reindex(kb, kindex.Options(force=True))
+    assert all(not d.own_title for d in searchindex.load(kb).docs)  # type: ignore[union-attr]
 
 
 def test_a_title_made_only_of_stop_words_is_asked_as_written(tmp_path: Path) -> None:
