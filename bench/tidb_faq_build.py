@@ -1,9 +1,20 @@
-"""Build a real-FAQ retrieval set from the Chinese TiDB docs (pingcap/docs-cn): see ``bench/tidb_faq.py``.
+"""Build a real-FAQ retrieval set from the Chinese TiDB docs (pingcap/docs-cn): see ``bench/tidb_faq.py``; or, with
+``--macros``, from the Chinese NebulaGraph docs (``bench/queries/nebula_faq.json``, built in the twenty-fourth session).
 
     python bench/tidb_faq_build.py --src /tmp/tidb-faq/src --out /tmp/tidb-faq --commit <sha>
 
+    R=<the git dir of abby-cyber/nebula-docs-cn>  C=740a35c784c71061c3d89d46a294917622f0bf37
+    mkdir -p /tmp/faqset/src && cd /tmp/faqset/src
+    git -C $R archive $C -- LICENSE mkdocs.yml $(git -C $R ls-tree -r --name-only $C docs-2.0 | grep '\\.md$') | tar -x
+    mv docs-2.0/* . && rmdir docs-2.0 && cd -
+    python bench/tidb_faq_build.py --src /tmp/faqset/src --out /tmp/faqset --commit $C --macros
+    python bench/question_file.py /tmp/faqset/kb /tmp/faqset/questions.json   # = bench/queries/nebula_faq.json
+
 --src is the docs tree exported from the repository (every .md file at one commit, plus LICENSE).
-Writes OUT/kb/ (the docs without the FAQ pages), OUT/qrels.json and OUT/build_stats.json.
+Writes OUT/kb/ (the docs without the FAQ pages), OUT/qrels.json, OUT/questions.json (``question_file.py``'s
+format) and OUT/build_stats.json. ``--macros``: the docs use mkdocs-macros variables (``{{nebula.name}}``); every
+document is rendered from the ``extra:`` section of SRC/mkdocs.yml first (a key defined twice takes its last value,
+as YAML loading does), and a ``{{...}}`` naming no scalar there is removed.
 
 Rules (all mechanical, nothing is edited by hand):
 - a FAQ page is a .md file whose front-matter title contains 常见问题 or FAQ (faq/faq-overview.md, an index
@@ -125,16 +136,45 @@ def resolve(href: str, page: str, kb: set[str], by_name: dict[str, list[str]]) -
     return (rel, "ok") if rel in kb else (None, "not in KB")
 
 
+MACRO = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}")
+
+
+def macro_values(mkdocs_yml: Path) -> dict[str, str]:
+    """The scalars of mkdocs.yml's ``extra:`` section by their dotted names."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # !!python/name:... tags
+    extra = (yaml.load(mkdocs_yml.read_text(encoding="utf-8"), Loader=Loader) or {}).get("extra", {}) or {}
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            out[prefix] = str(value)
+
+    walk("", extra)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--macros", action="store_true", help="render mkdocs-macros variables from SRC/mkdocs.yml")
     args = ap.parse_args()
     src, out = args.src, args.out
 
     all_md = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.md"))
+    values = macro_values(src / "mkdocs.yml") if args.macros else {}
     texts = {rel: (src / rel).read_text(encoding="utf-8") for rel in all_md}
+    if args.macros:
+        texts = {rel: MACRO.sub(lambda m: values.get(m.group(1), ""), text) for rel, text in texts.items()}
     skipped = [rel for rel in all_md if not is_doc(rel)]
     docs = [rel for rel in all_md if is_doc(rel)]
     faq_pages = [rel for rel in docs if FAQ_TITLE.search(title_of(texts[rel]))]
@@ -212,6 +252,8 @@ def main() -> None:
     if (src / "LICENSE").exists():
         shutil.copy(src / "LICENSE", out / "LICENSE")
     (out / "qrels.json").write_text(json.dumps(qrels, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    questions = {"on": [[r["q"], r["targets"]] for r in qrels], "off": []}
+    (out / "questions.json").write_text(json.dumps(questions, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
     per_src = Counter(r["src"] for r in qrels)
     n_targets = Counter(len(r["targets"]) for r in qrels)
