@@ -345,23 +345,33 @@ _RAW_START_ANYWHERE = re.compile(
 _RAW_END = {name: re.compile(rf"</{name}>", re.IGNORECASE) for name in _RAW_TAGS}
 MAX_IMPORT_LINE = 1_000
 """An MDX import statement longer than this is not taken for one (a real one names a component and a module)."""
+_NAME = r"[A-Za-z_$][\w$]*"
+# What an ES import binds: `Tabs`, `{Tabs, TabItem}`, `* as Icons`, `Tabs, {TabItem}`, TypeScript's `type X`. No
+# quantifier nests in another, and the clause is bounded by MAX_IMPORT_LINE.
+_IMPORT_CLAUSE = re.compile(
+    rf"(?:type\s+)?(?:{_NAME}(?:\s*,\s*(?:\{{[^{{}}]*\}}|\*\s*as\s+{_NAME}))?|\{{[^{{}}]*\}}|\*\s*as\s+{_NAME})"
+)
 
 
 def mdx_import(text: str) -> bool:
     """Whether a line is an MDX import statement (``import Tabs from '@theme/Tabs';``, ``import './x.css';``): a
-    build directive of Docusaurus-style pages, at the start of a line outside code, that says nothing to a reader.
-    String tests only, no regex: the line is untrusted. Prose that starts with "import" does not end in a quoted
-    module name after ``from``; code in an indented block does not start at the line's first column."""
+    build directive of Docusaurus-style pages that says nothing to a reader. What it binds must be an ES import
+    clause and its module a quoted name without spaces: prose that starts with "import" (``import the data from
+    'the old system'``, ``import your settings from "Settings"``) is none. Code in an indented block does not start
+    at the line's first column; where a line stands in its paragraph is :func:`outside_raw_blocks`'s to check."""
     if not text.startswith(("import ", "import\t")) or len(text) > MAX_IMPORT_LINE:
         return False
     line = text.rstrip().removesuffix(";").rstrip()
     if len(line) < 9 or line[-1] not in "'\"":
         return False
     module_start = line.rfind(line[-1], 0, len(line) - 1)
-    if module_start < 0:
+    if module_start < 0 or any(c.isspace() for c in line[module_start:]) or module_start + 2 == len(line):
         return False
     head = line[:module_start].rstrip()
-    return head == "import" or (head.endswith(" from") and len(head) > len("import  from"))
+    if head == "import":  # a module imported for its effect (a stylesheet)
+        return True
+    clause = head.removeprefix("import").removesuffix("from")
+    return head.endswith((" from", "\tfrom", "}from")) and _IMPORT_CLAUSE.fullmatch(clause.strip()) is not None
 
 
 def may_hold_raw_blocks(text: str) -> bool:
@@ -371,12 +381,25 @@ def may_hold_raw_blocks(text: str) -> bool:
     return _RAW_START_ANYWHERE.search(text) is not None
 
 
+def _next_blank(text_lines: Sequence[Line]) -> list[int]:
+    """Per line, the index of the first blank line after it (``len(text_lines)`` if none): one pass from the end."""
+    out = [0] * len(text_lines)
+    after = len(text_lines)
+    for i in range(len(text_lines) - 1, -1, -1):
+        out[i] = after
+        if text_lines[i].blank:
+            after = i
+    return out
+
+
 def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
     """The lines outside ``<style>``, ``<script>`` and ``<head>`` blocks (a page's CSS, JavaScript or metadata is
     neither what it says nor worth a reader's tokens), as CommonMark reads such blocks, and outside MDX import
-    lines (:func:`mdx_import`); lines of fenced code are kept, whatever they show. Unlike CommonMark, a block that
-    never closes is no block (prose that opens a line with "<script> tags are stripped" keeps the rest of the page),
-    and what follows the closing tag on its line is kept."""
+    lines (:func:`mdx_import`) that start a block, as MDX reads them (a run of them, after a blank line or another
+    block); lines of fenced code are kept, whatever they show. Unlike CommonMark, a block that never closes is no
+    block (prose that opens a line with "<script> tags are stripped" keeps the rest of the page), and what follows
+    the closing tag on its line is kept. A ``<head>`` block ends at a blank line, as CommonMark's blocks of its kind
+    do: one not closed before it is prose ("<head> holds a page's metadata…", and a ``</head>`` paragraphs later)."""
     next_close: dict[str, list[int]] = {name: [] for name in _RAW_END}  # lines holding each closing tag, in order
     for i, line in enumerate(text_lines):
         if line.fence is None and "</" in line.text:
@@ -384,35 +407,46 @@ def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
                 if end.search(line.text):
                     next_close[name].append(i)
     seen = {name: 0 for name in _RAW_END}  # how many of next_close[name] lie before the current line
+    blank_after: list[int] | None = None  # made when a <head> is first met
     i, n = 0, len(text_lines)
+    block_start = True  # the line begins a block: the first, one after a blank line, an import or a dropped block
     while i < n:
         line = text_lines[i]
         start = _RAW_START.match(line.text) if line.fence is None else None
         if start is None:
-            if line.fence is None and mdx_import(line.text):
+            if block_start and line.fence is None and mdx_import(line.text):
                 i += 1
                 continue
             yield line
+            block_start = line.blank
             i += 1
             continue
         name = start.group(1).lower()
         closes = next_close[name]
         while seen[name] < len(closes) and closes[seen[name]] < i:
             seen[name] += 1
-        if seen[name] == len(closes):  # never closed: prose, kept
+        end_line = closes[seen[name]] if seen[name] < len(closes) else n
+        if name == "head" and end_line < n:
+            if blank_after is None:
+                blank_after = _next_blank(text_lines)
+            if blank_after[i] < end_line:
+                end_line = n
+        if end_line == n:  # never closed (a <head> not before a blank line): prose, kept
             yield line
+            block_start = False
             i += 1
             continue
-        end_line = closes[seen[name]]
         closing = text_lines[end_line]
         match = _RAW_END[name].search(closing.text, start.end() if end_line == i else 0)
         if match is None:  # the closing tag on the opening line comes before the opening itself: kept as prose
             yield line
+            block_start = False
             i += 1
             continue
         rest = closing.text[match.end() :]
         if rest.strip():
             yield Line(closing.start + match.end(), rest, None, None)
+        block_start = True
         i = end_line + 1
 
 

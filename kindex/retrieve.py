@@ -328,7 +328,7 @@ class _Loaded:
     made on the first such question."""
     by_own_title: dict[str, list[int]] | None = None
     """Unconditional documents by their own title where their entry gives another (:attr:`DocRecord.own_title`):
-    how a question names a page whose entry a model titled otherwise (:func:`_own_titled`); made on first use."""
+    how a question names a page whose entry a model titled otherwise (:func:`_own_titles`); made on first use."""
 
 
 MAX_FALLBACK_CHECKED = 100
@@ -1118,16 +1118,23 @@ def _rank(
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, 0.0, f"scope glob {glob}"))
     candidates = np.nonzero((scored.scores > 0) & loaded.unconditional)[0]
+    asked: str | None = None  # the question as titles are compared (title_key), made when first needed
+    own = _NO_DOCS
+    if scored.terms and _own_titles(loaded):
+        asked = title_key(scored.message)
+        own = np.array(_own_titles(loaded).get(asked, ()), np.int32)
+    if len(own):
+        # A page's own title may be in no field searched (a Docusaurus page's frontmatter, under a model's title):
+        # the page is a candidate all the same.
+        candidates = np.union1d(candidates, own)
     if not scored.terms:
         # Nothing to score, but a page may be titled so: candidates of their own.
         candidates = _titled_in_words(loaded, scored.message)
     if named:
         candidates = np.setdiff1d(candidates, named, assume_unique=True)
     titled = _among(scored.titled, candidates) if scored.terms else candidates.astype(np.int32)
-    asked = title_key(scored.message) if len(scored.message) <= MAX_TITLE_CHARS else ""
-    own = _among(_own_titled(loaded, asked), candidates) if scored.terms else _NO_DOCS
     if len(own):
-        titled = np.union1d(titled, own).astype(np.int32)
+        titled = np.union1d(titled, _among(own, candidates)).astype(np.int32)
     # A page's title asked word for word is on topic whatever its words' weight: `CASE`, `Trigger` or `Go` to a
     # database's manual name a page, though the manual uses them too often for them to cover a question.
     if len(titled) or scored.on_topic(candidates, min_relevance):
@@ -1141,10 +1148,12 @@ def _rank(
             at = np.searchsorted(candidates, titled)
             top = final.max()
             final[at] += top
+            if asked is None:
+                asked = title_key(scored.message)
             exact = [
                 i
                 for i, d in zip(at.tolist(), titled.tolist(), strict=True)
-                if asked in (title_key(_title(loaded, d)), loaded.index.docs[d].own_title)
+                if asked and asked in (title_key(_title(loaded, d)), loaded.index.docs[d].own_title)
             ]
             final[exact] += top
         if len(final) > limit:  # keep the top ``limit`` and everything tied with the last of them, then sort
@@ -1194,20 +1203,19 @@ def _titled_in_words(loaded: _Loaded, message: str) -> npt.NDArray[np.intp]:
     return np.array(loaded.by_title.get(asked, ()), np.intp)
 
 
-def _own_titled(loaded: _Loaded, asked: str) -> npt.NDArray[np.int32]:
-    """The documents whose own title is ``asked`` (a :func:`~kindex.analysis.title_key`) where their entry gives
-    another: a model titles the page 测试 ``测试 TestClient`` and APISIX's ``Admin API`` ``APISIX Admin API``, and a
-    person typing the title the page shows asks for that page as much as one typing its entry's (:func:`_titled`).
-    Character for character: the entry's title is the one analysed for search."""
-    if not asked:
-        return _NO_DOCS
+def _own_titles(loaded: _Loaded) -> dict[str, list[int]]:
+    """Unconditional documents by their own title where their entry gives another (:attr:`DocRecord.own_title`): a
+    model titles the page 测试 ``测试 TestClient`` and APISIX's ``Admin API`` ``APISIX Admin API``, and a person typing
+    the title the page shows asks for that page as much as one typing its entry's (:func:`_titled`). Compared
+    character for character (:func:`~kindex.analysis.title_key`): the entry's title is the one analysed for search.
+    Empty for offline entries, which take the page's own title; made on first use."""
     if loaded.by_own_title is None:
         by_own: dict[str, list[int]] = {}
         for idx, doc in enumerate(loaded.index.docs):
             if doc.own_title and loaded.unconditional[idx]:
                 by_own.setdefault(doc.own_title, []).append(idx)
         loaded.by_own_title = by_own
-    return np.array(loaded.by_own_title.get(asked, ()), np.int32)
+    return loaded.by_own_title
 
 
 def _title(loaded: _Loaded, doc: int) -> str:

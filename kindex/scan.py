@@ -94,11 +94,13 @@ class ScannedDoc:
     @property
     def title_hint(self) -> str:
         """The best title the document itself offers: frontmatter, first heading, or file name."""
-        if self.signals.title:
-            return self.signals.title
-        if self.headings:
-            return self.headings[0]
-        return Path(self.rel).stem
+        return self.own_title or Path(self.rel).stem
+
+    @property
+    def own_title(self) -> str:
+        """The title the document gives itself, the one a reader sees: its frontmatter ``title``, else its first
+        heading; empty when it has neither (a file name is no title a person types: two ``index.md``)."""
+        return self.signals.title or (self.headings[0] if self.headings else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,18 +753,27 @@ def document_text(kb: Path, rel: str) -> str | None:
     return None if got is None else got[0]
 
 
-def document_digest(kb: Path, rel: str) -> tuple[str, str] | None:
-    """:func:`document_text` and the SHA-256 of the file's bytes (the scan's digest of it), from one read."""
+def document_digest(kb: Path, rel: str) -> tuple[str, str, str] | None:
+    """:func:`document_text`, the SHA-256 of the file's bytes (the scan's digest of it) and the document's own title
+    (:attr:`ScannedDoc.own_title`), from one read."""
     got = _served(kb, rel)
-    return None if got is None else (clean_body(got[1]).strip(), hashlib.sha256(got[0]).hexdigest())
+    if got is None:
+        return None
+    text = clean_body(got[1]).strip()
+    title = ""
+    if got[2].startswith("---"):  # frontmatter, perhaps: its title, parsed as the scan parses it
+        title = signals_from(split_frontmatter(got[2])[0])[0].title
+    if not title:
+        title = next(iter(headings_of(text)), "")
+    return text, hashlib.sha256(got[0]).hexdigest(), title
 
 
 _STUB_CHARS = 4096
 """A body shorter than this is looked at for anything to read once comments are dropped."""
 
 
-def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
-    """The bytes of a document that may be served, and its text without frontmatter."""
+def _served(kb: Path, rel: str) -> tuple[bytes, str, str] | None:
+    """The bytes of a document that may be served, its text without frontmatter, and its whole text."""
     if not servable(kb, rel):
         return None
     try:
@@ -777,8 +788,8 @@ def _served(kb: Path, rel: str) -> tuple[bytes, str] | None:
     if len(body) < _STUB_CHARS and not clean_body(body).strip():
         front = text[: len(text) - len(body)]
         if any(c.isalnum() for c in front[:_STUB_CHARS]):  # an empty block ("---\n---") says nothing either
-            return data, text
-    return data, body
+            return data, text, text
+    return data, body, text
 
 
 def document_start(kb: Path, rel: str, max_chars: int | None) -> tuple[str, bool] | None:

@@ -143,7 +143,7 @@ class Source:
     """After ``read_body``: whether it gave the body of ``body_sha`` (a scan's stand-in excerpt does not: its
     postings are saved under no key, so the next build reads the document again)."""
     own_title: str = ""
-    """The title the document gives itself (``ScannedDoc.title_hint``); empty when it was not scanned."""
+    """The title the document gives itself (``ScannedDoc.own_title``)."""
 
 
 class FieldTable:
@@ -828,7 +828,7 @@ def _update(kb: Path, scan: Scan) -> int:
         if doc is not None:
             exact = partial(lambda r: r not in scan.stand_ins, doc.rel)
             sources.append(
-                Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact, doc.title_hint)
+                Source(rel, theme, item, doc.headings, doc.sha256, partial(scan.read_text, doc), exact, doc.own_title)
             )
     previous = load(kb)
     index = build(sources, entries.themes, entries.signature, previous, entries.digests)
@@ -857,13 +857,13 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
     searched by its entry alone.
     """
     s: Scan | None = None
-    try:
-        # The scan's memory gives each unchanged document's digest and headings from a stat (it writes nothing):
-        # only the documents whose postings cannot be reused are read. Without tables to reuse, it still gives
-        # each document's own title (its frontmatter), as a step's build has it.
-        s = scan(kb)
-    except KindexError:  # a broken kindex.toml: every document is read
-        s = None
+    if previous is not None:
+        try:
+            # The scan's memory gives each unchanged document's digest and headings from a stat (it writes
+            # nothing): only the documents whose postings cannot be reused are read.
+            s = scan(kb)
+        except KindexError:  # a broken kindex.toml: every document is read
+            s = None
     by_rel = {d.rel: d for d in s.documents} if s is not None else {}
     sources = []
     for rel, theme, item in entries.docs:
@@ -871,10 +871,10 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
         if s is not None and doc is not None:
             exact = partial(lambda r, seen: r not in seen.stand_ins, rel, s)
             sources.append(
-                Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact, doc.title_hint)
+                Source(rel, theme, item, doc.headings, doc.sha256, partial(s.read_text, doc), exact, doc.own_title)
             )
             continue
         # Every document is read anyway: once, with its digest, so that the next build can reuse its postings.
-        text, digest = document_digest(kb, rel) or ("", "")
-        sources.append(Source(rel, theme, item, headings_of(text), digest, partial(str, text)))
+        text, digest, own = document_digest(kb, rel) or ("", "", "")
+        sources.append(Source(rel, theme, item, headings_of(text), digest, partial(str, text), own_title=own))
     return build(sources, entries.themes, entries.signature, previous, entries.digests)

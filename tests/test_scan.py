@@ -480,13 +480,42 @@ def test_served_text_and_excerpt_leave_out_a_docusaurus_head_and_mdx_imports(tmp
         "import the file from 'Downloads', then open it\n",  # prose that quotes, not ending in the module
         "<header>\n",  # not <head>
         "import" + " x" * 600 + " from 'y'\n",  # past the bound
+        "import the data from 'the old system'\n",  # a module name has no spaces (a hostile campaign's)
+        'import your settings from "Settings"\n',  # what it binds is no ES import clause
+        "import x from ''\n",
     ],
 )
 def test_lines_that_are_not_mdx_imports_or_head_blocks_are_kept(line: str) -> None:
     from kindex.scan import clean_body
 
-    body = "Intro\n" + line + "</header>\nEnd\n"
+    body = "Intro\n\n" + line + "</header>\nEnd\n"
     assert clean_body(body) == body
+
+
+@pytest.mark.parametrize(
+    ("body", "kept"),
+    [
+        # A <head> not closed before a blank line is prose: three paragraphs were dropped up to a later </head>.
+        (
+            "# HTML\n\n<head> keeps a page's metadata.\n\nThe title element.\n\nClose it with </head> and go on.\n",
+            None,
+        ),
+        ("A\n\n<head>\n<meta charset=utf-8>\n</head>\nB\n", "A\n\nB\n"),
+        ("<pre>\nimport React from 'react';\nimport './App.css';\n</pre>\n", None),  # code shown in HTML
+        ("Then run:\nimport Foo from 'foo';\n", None),  # a paragraph's second line: no MDX import
+        (
+            "import Tabs from '@theme/Tabs';\nimport * as I from 'icons';\nimport A, {B} from 'c'\n"
+            "import type {T} from 't';\nimport './x.css';\n\nText\n",
+            "\nText\n",
+        ),
+        ("<head>\n<link rel=canonical href=x />\n</head>\nimport X from 'y';\n\nText\n", "\nText\n"),
+    ],
+    ids=["head-prose", "head-block", "pre", "continuation", "import-forms", "import-after-head"],
+)
+def test_head_blocks_and_mdx_imports_are_only_dropped_where_mdx_reads_them(body: str, kept: str | None) -> None:
+    from kindex.scan import clean_body
+
+    assert clean_body(body) == (body if kept is None else kept)
 
 
 def test_offline_tags_keep_accented_and_cyrillic_words_whole() -> None:

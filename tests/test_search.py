@@ -785,6 +785,44 @@ def test_a_page_a_model_titled_otherwise_is_still_found_by_its_own_title(
     assert all(not d.own_title for d in searchindex.load(kb).docs)  # type: ignore[union-attr]
 
 
+def test_a_page_titled_only_in_its_frontmatter_is_found_by_it_under_a_model_s_title(
+    tmp_path: Path, fake_client: FakeClient, fake_options: Options
+) -> None:
+    # A hostile campaign's: a Docusaurus page's title is only in its frontmatter; under a model's entry title no
+    # field searched holds it, and the page was no candidate (`Quickstart` listed only the page mentioning it;
+    # `Zorblax launch` fell back).
+    kb = tmp_path / "kb"
+    (kb / "guide").mkdir(parents=True)
+    (kb / "guide" / "quick.md").write_text("---\ntitle: Quickstart\n---\n\nInstall the package, run the server.\n")
+    (kb / "guide" / "other.md").write_text("# Other page\n\nThe quickstart is covered elsewhere.\n")
+    (kb / "guide" / "zorb.md").write_text("---\ntitle: Zorblax launch\n---\n\nPress the red button.\n")
+    (kb / "guide" / "index.md").write_text("Pages of the guide, without a title.\n")
+    kindex.reindex(kb, fake_options)  # entries titled "标题 <path>"
+
+    assert kindex.search(kb, "Quickstart")[0].path == "guide/quick.md"
+    ctx = kindex.build_context(kb, "Zorblax launch")
+    assert not ctx.fallback and ctx.items[0].path == "guide/zorb.md"
+    own = {d.path: d.own_title for d in searchindex.load(kb).docs}  # type: ignore[union-attr]
+    assert own["guide/index.md"] == ""  # a file name is no title a reader sees
+    # Built from the index files with a broken kindex.toml (no scan): the frontmatter gives the title all the same,
+    # from the one read of each document.
+    (kb / ".kindex" / "search.npz").unlink()
+    (kb / "kindex.toml").write_text('[index]\nexcerpt_chars = "oops\n')
+    clear_cache()
+    assert kindex.search(kb, "Quickstart")[0].path == "guide/quick.md"
+
+
+def test_a_long_question_gets_no_title_bonus(tmp_path: Path) -> None:
+    # Past MAX_TITLE_CHARS the question is compared with no title; an empty key matched every page without an own
+    # title, and `Triggers???…` ranked the page titled Trigger above Triggers.
+    kb = tmp_path / "kb"
+    (kb / "t").mkdir(parents=True)
+    for name, title in [("trigger.md", "Trigger"), ("triggers.md", "Triggers"), ("views.md", "Views")]:
+        (kb / "t" / name).write_text(f"# {title}\n\n{title} of a table.\n")
+    kindex.reindex(kb)
+    assert [i.path for i in kindex.search(kb, "Triggers" + "?" * 250)][:2] == ["t/triggers.md", "t/trigger.md"]
+
+
 def test_a_title_made_only_of_stop_words_is_asked_as_written(tmp_path: Path) -> None:
     # `About`, `关于` and `关于我们` keep no word through analysis: they fell back, though a page is titled so.
     kb = tmp_path / "kb"
