@@ -13,6 +13,7 @@ so the entries pass the same validation, cache and tables as a real model's.
         OPENAI_API_KEY=x kindex reindex /tmp/x-llm                  # the root answer has none: stand-in themes
     cp -r CORPUS /tmp/x-ext && kindex reindex /tmp/x-ext
     python bench/scribe_entries.py measure NAME /tmp/x-llm /tmp/x-ext  # NAME: a key of retrieval_quality.KBS
+    python bench/scribe_entries.py measure nebula /tmp/n-llm /tmp/n-ext --questions bench/queries/nebula_faq.json
 
 ``dump`` must run with the kindex whose prompts the answers are for: an answer is found by the hash of its prompt.
 ``measure`` runs every ranked set of ``per_question.question_sets`` for the corpus (dev and held-out labelled; for
@@ -108,16 +109,20 @@ def serve(port: int, jobs: list[Path]) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
-def measure(name: str, llm_kb: Path, ext_kb: Path) -> None:
+def measure(name: str, llm_kb: Path, ext_kb: Path, questions: Path | None = None) -> None:
     import retrieval_quality as rq
     from per_question import question_sets
 
     import kindex
 
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "c"
-        shutil.copytree(rq.KBS[name], copy, ignore=shutil.ignore_patterns(".kindex", "index.json"))
-        sets = question_sets(rq, name, rq.KBS[name], copy)
+    if questions is not None:  # a corpus of its own (question_file.py's format), say bench/queries/nebula_faq.json
+        data = json.loads(questions.read_text(encoding="utf-8"))
+        sets = {f"held {questions.stem}": [(q, list(t)) for q, t in data["on"]]}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "c"
+            shutil.copytree(rq.KBS[name], copy, ignore=shutil.ignore_patterns(".kindex", "index.json"))
+            sets = question_sets(rq, name, rq.KBS[name], copy)
     if name == "apisix/zh":
         newcomer = json.loads((HERE / "queries" / "newcomer_apisix.json").read_text(encoding="utf-8"))
         sets["held newcomer"] = [(q, t) for q, t in newcomer["on"]]
@@ -174,13 +179,14 @@ def main() -> None:
     m.add_argument("name")
     m.add_argument("llm_kb", type=Path)
     m.add_argument("ext_kb", type=Path)
+    m.add_argument("--questions", type=Path, help="a question file (question_file.py's format) instead of NAME's sets")
     args = ap.parse_args()
     if args.command == "dump":
         dump(args.corpus, args.job, args.parts)
     elif args.command == "serve":
         serve(args.port, args.jobs)
     else:
-        measure(args.name, args.llm_kb, args.ext_kb)
+        measure(args.name, args.llm_kb, args.ext_kb, args.questions)
 
 
 if __name__ == "__main__":
