@@ -19,7 +19,7 @@ import re
 import stat
 import time
 import unicodedata
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,9 +98,14 @@ class ScannedDoc:
 
     @property
     def own_title(self) -> str:
-        """The title the document gives itself, the one a reader sees: its frontmatter ``title``, else its first
-        heading; empty when it has neither (a file name is no title a person types: two ``index.md``)."""
-        return self.signals.title or (self.headings[0] if self.headings else "")
+        """The title the document gives itself (:func:`own_title`)."""
+        return own_title(self.signals.title, self.headings)
+
+
+def own_title(frontmatter_title: str, headings: Sequence[str]) -> str:
+    """The title a document gives itself, the one a reader sees: its frontmatter ``title``, else its first heading;
+    empty when it has neither (a file name is no title a person types: two ``index.md``)."""
+    return frontmatter_title or (headings[0] if headings else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -754,18 +759,13 @@ def document_text(kb: Path, rel: str) -> str | None:
 
 
 def document_digest(kb: Path, rel: str) -> tuple[str, str, str] | None:
-    """:func:`document_text`, the SHA-256 of the file's bytes (the scan's digest of it) and the document's own title
-    (:attr:`ScannedDoc.own_title`), from one read."""
+    """:func:`document_text`, the SHA-256 of the file's bytes (the scan's digest of it) and the title its frontmatter
+    gives (parsed as the scan parses it; empty without one), from one read."""
     got = _served(kb, rel)
     if got is None:
         return None
-    text = clean_body(got[1]).strip()
-    title = ""
-    if got[2].startswith("---"):  # frontmatter, perhaps: its title, parsed as the scan parses it
-        title = signals_from(split_frontmatter(got[2])[0])[0].title
-    if not title:
-        title = next(iter(headings_of(text)), "")
-    return text, hashlib.sha256(got[0]).hexdigest(), title
+    title = signals_from(split_frontmatter(got[2])[0])[0].title if got[2].startswith("---") else ""
+    return clean_body(got[1]).strip(), hashlib.sha256(got[0]).hexdigest(), title
 
 
 _STUB_CHARS = 4096

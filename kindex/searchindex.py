@@ -51,7 +51,7 @@ from kindex.gcpause import collector_paused
 from kindex.globs import without_dot_folders
 from kindex.markdown import MAX_LINK_TARGET, MAX_LINK_TEXT, links
 from kindex.records import INDEX_FILE, DocItem
-from kindex.scan import Scan, document_digest, headings_of, scan
+from kindex.scan import Scan, document_digest, headings_of, own_title, scan
 from kindex.store import STATE_DIR, atomic_write, index_digest, read_index_digest, refusal
 
 SEARCH_FILE = "search.npz"
@@ -875,6 +875,7 @@ def from_files(kb: Path, entries: Entries, previous: SearchIndex | None = None) 
             )
             continue
         # Every document is read anyway: once, with its digest, so that the next build can reuse its postings.
-        text, digest, own = document_digest(kb, rel) or ("", "", "")
-        sources.append(Source(rel, theme, item, headings_of(text), digest, partial(str, text), own_title=own))
+        text, digest, titled = document_digest(kb, rel) or ("", "", "")
+        heads = headings_of(text)
+        sources.append(Source(rel, theme, item, heads, digest, partial(str, text), own_title=own_title(titled, heads)))
     return build(sources, entries.themes, entries.signature, previous, entries.digests)
