@@ -51,11 +51,12 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 16
+ANALYZER_VERSION = 17
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
 characters read as simplified; 12: a mapped character's target is never mapped again (薴 → 苎); 13: 於, 麽, 徵, 夥, 剋
 mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop words; 16: a body read without its
-``<head>`` block and MDX import lines (``markdown.outside_raw_blocks``)."""
+``<head>`` block and MDX import lines (``markdown.outside_raw_blocks``); 17: C#, C++ and their like are terms
+(``_NAME_SUFFIX``), and titles keep the suffix."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 # Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an
@@ -71,6 +72,10 @@ _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 # Regexes without nested quantifiers: linear.
 _ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
+# What makes a programming language's name of a letter or a word: C#, F#, C++, Notepad++. Without it they were all
+# ``c`` (or ``notepad``), and a question about C# ranked the page about C. Only where no letter, digit, ``#`` or
+# ``+`` follows: ``issue#12`` and ``a+b`` are not names.
+_NAME_SUFFIX = re.compile(r"(?:#|\+\+)(?![A-Za-z0-9#+])")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
 MAX_WORD = 64
@@ -140,8 +145,23 @@ def normalize(text: str) -> str:
 
 
 def title_key(text: str) -> str:
-    """A title or a question as compared character for character: case, width, script and punctuation aside."""
-    return "".join(c for c in normalize(text) if c.isalnum())
+    """A title or a question as compared character for character: case, width, script and punctuation aside, but
+    for the ``#`` or ``++`` of a name (C#, C++ and C are three titles: see ``_NAME_SUFFIX``)."""
+    text = normalize(text)
+    if "#" not in text and "+" not in text:
+        return "".join(c for c in text if c.isalnum())
+    kept = []
+    for i, c in enumerate(text):
+        if c.isalnum() or (c in "#+" and i and _NAME_SUFFIX.match(text, _suffix_start(text, i)) is not None):
+            kept.append(c)
+    return "".join(kept)
+
+
+def _suffix_start(text: str, i: int) -> int:
+    """Where the ``#`` or ``+`` run holding ``text[i]`` starts, if a letter stands right before it; else ``-1``
+    (no name suffix): the second ``+`` of ``C++`` is judged with the first."""
+    start = i - 1 if text[i] == "+" and text[i - 1] == "+" else i
+    return start if start > 0 and text[start - 1].isascii() and text[start - 1].isalpha() else -1
 
 
 _T2S_FILE = Path(__file__).with_name("zh_t2s.txt")  # written by tools/build_zh_t2s.py
@@ -473,7 +493,8 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
     ``vocab`` is the KB's own vocabulary (see :func:`vocabulary`): multi-word terms that are emitted whole too.
     """
     out: list[str] = []
-    for m in _TOKEN.finditer(_nfkc(text)):
+    text = _nfkc(text)
+    for m in _TOKEN.finditer(text):
         han = m.group("han")
         if han is not None:
             out.extend(_han_terms(simplified(han.casefold()), vocab))
@@ -481,7 +502,19 @@ def analyze(text: str, vocab: frozenset[str] = frozenset()) -> list[str]:
             word = m.group("word")
             if len(word) <= MAX_WORD:
                 out.extend(_word_terms(word))
+                if (named := _suffixed(word, text, m.end())) is not None:
+                    out.append(named.casefold())
     return out
+
+
+def _suffixed(word: str, text: str, end: int) -> str | None:
+    """``word`` with the ``#`` or ``++`` that follows it at ``end`` in ``text`` (``C#``, ``C++``), if it is a word
+    of ASCII letters so followed (see ``_NAME_SUFFIX``): a term of its own, beside the word's."""
+    if end < len(text) and text[end] in "#+" and word.isascii() and word.isalpha():
+        suffix = _NAME_SUFFIX.match(text, end)
+        if suffix is not None:
+            return word + suffix.group()
+    return None
 
 
 def surface_forms(text: str) -> dict[str, str]:
@@ -489,9 +522,12 @@ def surface_forms(text: str) -> dict[str, str]:
     ``BackgroundTasks``, ``cors``: ``ＣＯＲＳ`` if that is how it was typed): what a person reads in "matched", where
     the stems mean nothing. The first word wins."""
     forms: dict[str, str] = {}
-    for m in _TOKEN.finditer(_UNSEEN.sub("", text)):  # the words as typed; each normalised as analysis does
+    typed = _UNSEEN.sub("", text)
+    for m in _TOKEN.finditer(typed):  # the words as typed; each normalised as analysis does
         word = m.group("word")
         if word is not None and len(word) <= MAX_WORD:
+            if (named := _suffixed(word, typed, m.end())) is not None:
+                forms.setdefault(named.casefold(), named)
             for normal in _TOKEN.finditer(_nfkc(word)):
                 folded = normal.group("word")
                 if folded is not None:

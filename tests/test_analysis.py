@@ -211,3 +211,14 @@ def test_identifiers_are_snake_case_header_names_camel_case_or_letters_with_digi
     prose = "GreptimeDB PowerShell iPhone built-in Built-in Content-Type High-Performance CHECK-IN __init__ 2.15 1'd"
     assert analysis.identifier_terms(prose) == {}
     assert len(analysis.identifier_terms(" ".join(f"ab_{i}x" for i in range(100_000)))) == 100_000  # linear
+
+
+def test_c_sharp_and_c_plus_plus_are_names_of_their_own() -> None:
+    # C#, C++ and C were one term (``c``) and one title key: `C#` ranked the page titled C first.
+    assert analysis.analyze("C# 和 C++ 教程") == ["c", "c#", "c", "c++", "教程"]
+    assert analysis.analyze("Notepad++") == ["notepad", "notepad++"]
+    assert [analysis.title_key(t) for t in ("C", "C#", "c# ?", "C++", "C#教程")] == ["c", "c#", "c#", "c++", "c#教程"]
+    # Not a name: a '#' or '+' before a letter or digit, after a digit, or standing apart.
+    assert analysis.analyze("issue#12 a+b x2# C ++") == ["issu", "12", "b", "x2", "c"]
+    assert [analysis.title_key(t) for t in ("A+B", "A + B", "issue#12", "## 标题")] == ["ab", "ab", "issue12", "标题"]
+    assert analysis.surface_forms("c#?")["c#"] == "c#" and analysis.surface_forms("C++")["c++"] == "C++"

@@ -967,3 +967,20 @@ def test_a_pause_of_the_collector_nests_and_keeps_a_host_s_choice() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_c_sharp_c_plus_plus_and_c_are_three_pages(tmp_path: Path) -> None:
+    # They shared one term and one title key: `C#` and `C++` ranked the page titled C first, `C#教程` fell back.
+    kb = tmp_path / "kb"
+    (kb / "lang").mkdir(parents=True)
+    for name, title, body in [
+        ("c.md", "C", "Pointers, malloc and header files."),
+        ("csharp.md", "C#", "Classes, LINQ and async methods on .NET."),
+        ("cpp.md", "C++", "Templates, the STL and RAII."),
+    ]:
+        (kb / "lang" / name).write_text(f"# {title}\n\n" + f"{title}: {body}\n\n" * 5)
+    kindex.reindex(kb)
+    for question, page in [("C", "c"), ("C#", "csharp"), ("c#?", "csharp"), ("C++", "cpp"), ("C#教程", "csharp")]:
+        assert kindex.search(kb, question)[0].path == f"lang/{page}.md", question
+    hit = kindex.search(kb, "C++ templates")[0]
+    assert hit.path == "lang/cpp.md" and hit.matched == ("C++", "templates")
