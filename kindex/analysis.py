@@ -43,8 +43,10 @@ import sys
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import Stemmer
@@ -564,6 +566,68 @@ def mixes_letters_and_digits(word: str) -> bool:
     """A ticket, a host, an error code, a version-numbered name (``INC0012345``, ``0x87D1041C``, ``HTTP2``): the
     one test of such a word, for values (:func:`value_terms`) and identifiers (:func:`identifier_terms`) alike."""
     return any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+
+
+MIN_PASTED_WORDS = 3
+"""Latin-script words in a row, with no Chinese between them, that make an English sentence or a program's output
+quoted in a Chinese question (an error message, a log line, a traceback), not names a Chinese sentence drops in
+(``Excel``, ``Word 和 Excel``, ``Nginx 怎么用 limit_req 按 IP 限流``)."""
+_EXCEPTION_ENDINGS = ("Error", "Exception", "Warning")
+
+
+@dataclass(frozen=True, slots=True)
+class Pasted:
+    """What a Chinese question quotes in English (see :func:`pasted_english`)."""
+
+    prose: frozenset[str]
+    """The terms of its plain English words (one part each, English has them: :func:`english_rate`)."""
+    compounds: Mapping[str, tuple[str, ...]]
+    """Its words of two parts or more that are not a product's name, each whole term with its parts' terms: code
+    names (``model_attributes_type``, ``GraphMemoryExceeded``, a module path ``fastapi.exceptions.FastAPIError``),
+    header and hyphenated names (``Access-Control-Allow-Origin``) and exception names (``TypeError``: a capitalised
+    word of two parts ending in Error, Exception or Warning, the convention of every language that has them).
+    Capitalised words of two parts otherwise (``MySQL``, ``PowerShell``) and words that mix letters and digits
+    (values: :func:`value_terms`) are not among them."""
+
+
+def pasted_english(text: str) -> Pasted:
+    """The English that ``text`` quotes: its runs of ``MIN_PASTED_WORDS`` Latin-script words or more with no Chinese
+    between them (``Traceback (most recent call last)``, ``has been blocked by CORS policy``,
+    ``{"type":"model_attributes_type","loc":["body"]}``). Linear: the tokenizer's own regex."""
+    prose: set[str] = set()
+    compounds: dict[str, tuple[str, ...]] = {}
+    run: list[str] = []
+    for m in _TOKEN.finditer(_nfkc(text)):
+        word = m.group("word")
+        if word is not None:
+            run.append(word)
+            continue
+        if len(run) >= MIN_PASTED_WORDS:
+            _pasted_run(run, prose, compounds)
+        run = []
+    if len(run) >= MIN_PASTED_WORDS:
+        _pasted_run(run, prose, compounds)
+    return Pasted(frozenset(prose), MappingProxyType(compounds))
+
+
+def _pasted_run(words: list[str], prose: set[str], compounds: dict[str, tuple[str, ...]]) -> None:
+    for word in words:
+        if len(word) > MAX_WORD or mixes_letters_and_digits(word):
+            continue
+        word = _fold_accents(word)
+        parts = _parts(word)
+        terms = list(_word_terms(word))
+        if len(parts) == 1:
+            if word.isalpha():
+                prose.update(t for t in terms if english_rate(t) is not None)
+            continue
+        if len(parts) == 2 and word[0].isupper() and word.isalpha() and not word.endswith(_EXCEPTION_ENDINGS):
+            continue  # a product's name: GreptimeDB, PowerShell
+        # The whole and two parts at least where only case joins them ("MySQL" is mysql and sql: "my" is a stop
+        # word); a word joined by "_", "." or "-" is code whatever is left of it (get_db: db).
+        joined = any(c in "_.-" for c in word.strip("_.-"))
+        if len(terms) >= (2 if joined else 3):
+            compounds[terms[0]] = tuple(terms[1:])
 
 
 def value_terms(text: str) -> frozenset[str]:

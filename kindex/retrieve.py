@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from kindex.analysis import (
     MAX_VOCAB_TERM,
+    Pasted,
     analyze,
     background_rate,
     english_rate,
@@ -40,6 +41,7 @@ from kindex.analysis import (
     is_number,
     mixes_letters_and_digits,
     normalize,
+    pasted_english,
     stem,
     stems,
     surface_forms,
@@ -703,7 +705,8 @@ def _scored(loaded: _Loaded, message: str) -> _Scored:
     if fixed:
         analysed = [fixed.get(term, term) for term in analysed]
     terms = list(dict.fromkeys(analysed))
-    scored = _score(loaded, terms, value_terms(bounded), identifier_terms(bounded), english, analysed)
+    pasted = None if english else pasted_english(bounded)
+    scored = _score(loaded, terms, value_terms(bounded), identifier_terms(bounded), english, analysed, pasted)
     scored.message = bounded
     scored.fixed = {read: written for written, read in fixed.items()}
     return scored
@@ -903,6 +906,7 @@ def _score(
     identifiers: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
     english: bool = False,
     asked: Sequence[str] = (),
+    pasted: Pasted | None = None,
 ) -> _Scored:
     """BM25F scores of every document: the rows of the question's terms (:func:`_row`), summed. Of ``values``
     (the terms that come only from the question's values: :func:`value_terms`), those the KB does not hold weigh
@@ -912,8 +916,15 @@ def _score(
     fully (the term's exact row: :func:`_row`): ``X-Nonce`` or ``next_cursor`` asked alone is about the page that
     mentions it, even once in a table. Where the KB holds an identifier whole, its parts rank ``PART_WEIGHT`` of
     their gain. ``english``: the question holds no Chinese, and its words English has are weighed against general
-    English (:func:`_english_row`)."""
+    English (:func:`_english_row`). ``pasted``: what a Chinese question quotes in English, an error message or a
+    log line (:func:`~kindex.analysis.pasted_english`). Of its plain English words, those the KB never uses weigh
+    nothing, as an unseen Chinese word does: a KB written in Chinese writes few English sentences, so that it lacks
+    ``recent`` or ``present`` says nothing of what is asked, where a name it lacks (``MySQL``) does. And of its code
+    names, one the KB never writes but writes every part of is spelled by them (``GraphMemoryExceeded``: graph,
+    memory, exceeded), as 收入支出 is by 收入 and 支出: its parts weigh, not it as another product's name."""
     n = loaded.n
+    prose = pasted.prose if pasted is not None else frozenset()
+    compounds = pasted.compounds if pasted is not None else {}
     weak = {p for whole, parts in identifiers.items() if len(_row(loaded, whole).docs) for p in parts}
     adds = np.zeros(n, dtype=np.complex64)  # scores + i·covered (see ``_Row.adds``)
     total = 0.0
@@ -946,9 +957,10 @@ def _score(
                 # half its time (one pass, not a gather and a scatter).
                 np.add.at(adds, row.docs, gains)
         value = not df and term in values
-        weight = 0.0 if value or letter else row.weight
+        phrasing = not df and term in prose
+        weight = 0.0 if value or letter or phrasing else row.weight
         total += weight
-        per_term.append(_Term(term, weight, row.docs, 0.0 if letter else row.subject, value))
+        per_term.append(_Term(term, weight, row.docs, 0.0 if letter or phrasing else row.subject, value))
         if titles is not None:
             got = row.titled.get(size)
             if got is None:
@@ -958,6 +970,9 @@ def _score(
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
+        if not t.df and t.weight and all(p in held for p in compounds.get(t.term, ("",))):
+            total -= t.weight
+            t.weight, t.subject, t.spelled = 0.0, 0.0, True
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)
     scored.titled = _titled(titles, asked or terms) if titles else _NO_DOCS
     return scored

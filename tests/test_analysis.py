@@ -222,3 +222,24 @@ def test_c_sharp_and_c_plus_plus_are_names_of_their_own() -> None:
     assert analysis.analyze("issue#12 a+b x2# C ++") == ["issu", "12", "b", "x2", "c"]
     assert [analysis.title_key(t) for t in ("A+B", "A + B", "issue#12", "## 标题")] == ["ab", "ab", "issue12", "标题"]
     assert analysis.surface_forms("c#?")["c#"] == "c#" and analysis.surface_forms("C++")["c++"] == "C++"
+
+
+def test_the_english_a_chinese_question_pastes_is_read_as_prose_and_code() -> None:
+    # Error messages pasted into Chinese questions fell back: their English words (recent, present, policy) and code
+    # names (model_attributes_type, GraphMemoryExceeded) weighed as other products' names.
+    got = analysis.pasted_english(
+        "报错 Traceback (most recent call last): fastapi.exceptions.FastAPIError: Invalid args，"
+        '{"type":"model_attributes_type"} GraphMemoryExceeded TypeError 再用 MySQL PowerShell 和 x2y 查'
+    )
+    assert {"recent", "call", "last", "invalid"} <= got.prose and "traceback" not in got.prose  # no English word
+    assert got.compounds == {
+        "fastapi.exceptions.fastapierror": ("fastapi", "except", "fast", "api", "error"),
+        "model_attributes_type": ("model", "attribut", "type"),
+        "graphmemoryexceeded": ("graph", "memori", "exceed"),
+        "typeerror": ("type", "error"),  # an exception's name, not a product's
+    }
+    # Names a Chinese sentence drops in are not pasted English: fewer than three words in a row.
+    for question in ("Nginx 怎么用 limit_req 按 IP 限流", "Word 和 Excel 怎么合并", "tokio 的 spawn_blocking 是什么"):
+        assert analysis.pasted_english(question) == analysis.Pasted(frozenset(), {}), question
+    # Products' names and values stay out even in a run: MySQL, PowerShell (two capitalised parts), x2y (a value).
+    assert not analysis.pasted_english("run MySQL PowerShell x2y GitHub now").compounds

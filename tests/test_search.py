@@ -984,3 +984,41 @@ def test_c_sharp_c_plus_plus_and_c_are_three_pages(tmp_path: Path) -> None:
         assert kindex.search(kb, question)[0].path == f"lang/{page}.md", question
     hit = kindex.search(kb, "C++ templates")[0]
     assert hit.path == "lang/cpp.md" and hit.matched == ("C++", "templates")
+
+
+def _web_framework_kb(tmp_path: Path) -> Path:
+    kb = tmp_path / "kb"
+    (kb / "tutorial").mkdir(parents=True)
+    pages = {
+        "cors.md": "# CORS（跨域资源共享）\n\n前端与后端不在同一个源（origin）时，浏览器先发预检请求。"
+        "用 CORSMiddleware，把前端的源加进 allow_origins，响应就会带上允许跨域的头（header）。\n\n"
+        "## 使用 CORSMiddleware\n\n"
+        "```python\napp.add_middleware(CORSMiddleware, allow_origins=origins)\n```\n",
+        "forms.md": "# 表单数据\n\n接收表单字段要用 Form。使用表单前先安装 python-multipart。\n",
+        "errors.md": "# 处理错误\n\n向客户端返回错误时抛出 HTTPException，并给出状态码与 detail。\n",
+        "settings.md": "# 设置和环境变量\n\n用 pydantic-settings 的 BaseSettings 读取环境变量。\n",
+        "models.md": "# 响应模型\n\n用 response_model 声明返回的数据，过滤掉不该返回的字段。\n",
+    }
+    for name, text in pages.items():
+        (kb / "tutorial" / name).write_text(text * 3, encoding="utf-8")
+    kindex.reindex(kb)
+    return kb
+
+
+def test_an_error_message_pasted_into_a_chinese_question_is_answered(tmp_path: Path) -> None:
+    # A helper's set of pasted errors: 22 of 60 fell back, the English of the message (blocked, policy, present)
+    # and its code names weighing as other products' names.
+    kb = _web_framework_kb(tmp_path)
+    pasted = (
+        "前端跑在 3000 端口，浏览器控制台报 Access to fetch at 'http://localhost:8000/items/' from origin "
+        "'http://localhost:3000' has been blocked by CORS policy: No 'Access-Control-Allow-Origin' header is "
+        "present on the requested resource."
+    )
+    ctx = kindex.build_context(kb, pasted)
+    assert not ctx.fallback and ctx.items[0].path == "tutorial/cors.md"
+    # A code name the KB never writes but writes every part of is spelled by them (response, model, detail).
+    hits = kindex.search(kb, '接口报错 {"detail": [{"type": "response_model_detail", "msg": "invalid response"}]}')
+    assert hits and hits[0].path == "tutorial/models.md"
+    # Names a Chinese sentence drops in are still names: the KB never speaks of Nginx's limit_req or of Excel.
+    for message in ("Nginx 怎么用 limit_req 按 IP 限流", "Excel 表格怎么合并单元格", "Word 文档怎么生成目录"):
+        assert kindex.build_context(kb, message).fallback, message
