@@ -161,24 +161,29 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     if budget < 1:
         return None
     text = within(text, MAX_FIT_CHARS)
-    if "#" not in text:  # no heading, so one section: no need to parse a long page for its structure
+    wanted = {t: (t, w) if (w := (written or {}).get(t)) and w != t else (t,) for t in terms}
+    if not wanted:
         return _cut(text, budget)
+    # A page of one section (no heading below its title: an FAQ of collapsible blocks, a long note) hands over its
+    # first line and the part from its heaviest match on, looked for in the whole page: its start alone missed
+    # the answer 13,000 characters down.
+    if "#" not in text:  # no heading, so one section: no need to parse a long page for its structure
+        return _matching_part(text, budget, wanted.values(), len(text))
     lines = markdown_lines(text)
     starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
     bounds = [0, *starts, len(lines)]
     edges = [ln.start for ln in lines] + [len(text)]
     sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
-    wanted = {t: (t, w) if (w := (written or {}).get(t)) and w != t else (t,) for t in terms}
-    if len(sections) < 2 or not wanted:
-        return _cut(text, budget)
+    if len(sections) < 2:
+        return _matching_part(text, budget, wanted.values(), len(text))
     scores = []
     for i, (s, e) in enumerate(sections[1:], start=1):
         sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
         hits = sum(1 for forms in wanted.values() if any(f in sample for f in forms))
         if hits:
             scores.append((hits, i))
-    if not scores:
-        return _cut(text, budget)
+    if not scores:  # only the head can hold the match
+        return _matching_part(text, budget, wanted.values(), len(text))
     scores.sort(key=lambda x: (-x[0], x[1]))
     gap = estimate_tokens(OMITTED_MARK)
     head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
@@ -207,18 +212,21 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     return out or None
 
 
-def _matching_part(piece: str, budget: int, wanted: Iterable[tuple[str, ...]]) -> str | None:
+def _matching_part(
+    piece: str, budget: int, wanted: Iterable[tuple[str, ...]], scan: int = SECTION_SCAN_CHARS
+) -> str | None:
     """The start of section ``piece`` within ``budget``, unless that start misses the heaviest of the question's
-    terms the section holds (``wanted``: heaviest first): then its heading, the gap mark and the section from
-    the first line holding that term on (the fourth bullet of a list that answers, not the three before it), or
-    from the opening fence of the code block that line is in: a cut never starts inside a block."""
+    terms the section holds (``wanted``: heaviest first) in its first ``scan`` characters: then its heading, the
+    gap mark and the section from the first line holding that term on (the fourth bullet of a list that answers,
+    not the three before it), or from the opening fence of the code block that line is in: a cut never starts
+    inside a block."""
     part = _cut(piece, budget)
     first, _, rest = piece.partition("\n")
-    folded = normalize(rest[:SECTION_SCAN_CHARS])
+    folded = normalize(rest[:scan])
     key = next((fs for fs in wanted if any(f in folded for f in fs)), None)
     if part is None or key is None or any(f in normalize(part[len(first) :]) for f in key):
         return part
-    lines = markdown_lines(piece[: len(first) + 1 + SECTION_SCAN_CHARS])
+    lines = markdown_lines(piece[: len(first) + 1 + scan])
     opening = 0
     for i, line in enumerate(lines):
         if line.fence is not None and (i == 0 or not lines[i - 1].open_after):

@@ -27,7 +27,7 @@ import kindex.markdown
 import kindex.retrieve
 from kindex import DocItem, Index, IndexMissingError, ThemeItem, searchindex
 from kindex.cli import main
-from kindex.fitting import cut_to_budget, fit_to_budget
+from kindex.fitting import OMITTED_MARK, cut_to_budget, fit_to_budget
 from kindex.scan import document_start
 from kindex.store import write_index
 from kindex.tokenize import estimate_tokens
@@ -269,6 +269,31 @@ def test_a_long_page_serves_its_matching_section_past_a_pasted_image_and_half_a_
     ctx = kindex.build_context(kb, "退款步骤 订单号", budget_tokens=1000)
     assert "填写订单号" in ctx.text and ctx.items[0].truncated
     assert len(image) > LONG_LINE_CHARS
+
+
+def test_a_long_page_without_sections_serves_the_part_that_matches(tmp_path: Path) -> None:
+    # A helper's campaign: an FAQ of MkDocs collapsibles (`???`), VitePress `::: details`, `<details>` or a page
+    # under one title handed over its first 13,000 characters, never the answer further down: a page of one section
+    # was only cut from its start.
+    item = "\n    关于{0}：请在「设置 → {0}」中操作。" + "这一段是补充说明，介绍不同平台上的差异。" * 8 + "\n\n"
+    topics = ["导出", "同步", "预算", "账本", "分类", "标签", "提醒", "备份"] * 6 + ["汇率"] + ["密码", "主题"] * 10
+    faq = "".join(f'??? question "{t}第{i}问怎么用？"' + item.format(t) for i, t in enumerate(topics))
+    for text in ("# 常见问题\n\n本页汇总常见问题。\n\n" + faq, faq, "# 常见问题\n\n" + faq + "## 联系我们\n\n邮件。\n"):
+        fitted = fit_to_budget(text, 600, ["汇率", "功能"])
+        assert fitted is not None and "「设置 → 汇率」" in fitted and estimate_tokens(fitted) <= 600
+        assert fitted.startswith(text.partition("\n")[0] + OMITTED_MARK)  # the page's first line says what it is
+    # A page whose start holds the match is cut from its start, as before.
+    early = "# 常见问题\n\n汇率在设置里改。\n\n" + faq
+    assert fit_to_budget(early, 600, ["汇率"]) == cut_to_budget(early, 600)
+    kb = tmp_path / "kb"
+    (kb / "help").mkdir(parents=True)
+    (kb / "help" / "faq.md").write_text("# 常见问题\n\n" + faq, encoding="utf-8")
+    for name in ("intro", "sync", "theme", "backup"):  # 设置 is everywhere; 汇率 is the page's alone
+        page = f"# {name}\n\n在设置里打开{name}，设置好后保存设置。\n"
+        (kb / "help" / f"{name}.md").write_text(page, encoding="utf-8")
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, "汇率怎么设置", budget_tokens=800)
+    assert ctx.items[0].path == "help/faq.md" and "「设置 → 汇率」" in ctx.text
 
 
 @pytest.mark.parametrize("message", ["X-Nonce 怎么生成", "退款多久到账", "发票怎么开", "同步冲突怎么办"])
