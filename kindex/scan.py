@@ -53,9 +53,12 @@ PATH_TOO_LONG = " (its path is longer than the system can open: shorten the fold
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 # Any Markdown line ending, lone CR included (classic Mac files): CR-only frontmatter was read as body text.
 _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.)[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
+# Hugo's TOML frontmatter, between lines of "+++": the format its archetypes write.
+_TOML_FRONTMATTER = re.compile(r"\A\+\+\+[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])\+\+\+[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 SCAN_FILE = "scan.json"
-_SCAN_FORMAT = 3  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports
+_SCAN_FORMAT = 4  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports; 4: TOML
+# frontmatter read
 _MAX_SCAN_FILE_BYTES = 256 * 2**20
 _RACY_NS = 2 * 10**9
 """A file changed less than this before it was read may change again within its file system's timestamp step
@@ -387,7 +390,7 @@ def _scan_file(
     except OSError as exc:
         skipped.append(Skipped(path=rel, reason=f"{UNREADABLE_FOLDER}: {exc.strerror or exc}"))
         return None
-    meta, body, problem = split_frontmatter(text)
+    meta, body, problem = split_frontmatter(text, toml=True)
     signals, glob_problem = signals_from(meta)
     problem = "; ".join(p for p in (problem, glob_problem) if p) or None
     if problem:
@@ -560,15 +563,17 @@ MAX_FRONTMATTER_CHARS = 16 * 1024
 the skills) is 1.2 KB, and YAML parsing costs about 12 s and 350 MB per MB of a flow list."""
 
 
-def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
+def split_frontmatter(text: str, toml: bool = False) -> tuple[dict[str, Any], str, str | None]:
     """Split YAML frontmatter from the body: ``(meta, body, problem)``; a broken block is dropped and reported.
+    ``toml``: a document's TOML frontmatter between ``+++`` lines (Hugo's) is read too (a skill's is YAML only).
 
     Bounded: a block over ``MAX_FRONTMATTER_CHARS`` is not parsed, and one using YAML aliases (``*name``) is
     refused: merge keys over aliases (``<<: [*m0, *m0]``) double the work with every line, and under 1 KB of them
     took minutes and gigabytes. No page's metadata needs them."""
     m = _FRONTMATTER.match(text)
     if m is None:
-        return {}, text, None
+        t = _TOML_FRONTMATTER.match(text) if toml and text.startswith("+++") else None
+        return ({}, text, None) if t is None else _toml_frontmatter(t.group(1), text[t.end() :])
     body = text[m.end() :]
     if len(m.group(1)) > MAX_FRONTMATTER_CHARS:
         return {}, body, f"frontmatter is longer than {MAX_FRONTMATTER_CHARS // 1024} KiB: ignored, the body is indexed"
@@ -593,6 +598,23 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, str | None]:
     if _deeper_than(meta, MAX_FRONTMATTER_DEPTH):
         return {}, body, DEEP_FRONTMATTER
     return {str(k): v for k, v in meta.items()}, body, None
+
+
+def _toml_frontmatter(block: str, body: str) -> tuple[dict[str, Any], str, str | None]:
+    """A TOML frontmatter ``block`` parsed as :func:`split_frontmatter` parses YAML: bounded, a broken one reported."""
+    if len(block) > MAX_FRONTMATTER_CHARS:
+        return {}, body, f"frontmatter is longer than {MAX_FRONTMATTER_CHARS // 1024} KiB: ignored, the body is indexed"
+    import tomllib  # here, not at the top: most KBs have no TOML frontmatter
+
+    try:
+        meta = tomllib.loads(block)
+    except tomllib.TOMLDecodeError as exc:
+        return {}, body, f"frontmatter is not valid TOML ({exc}): ignored, the body is indexed"
+    except RecursionError:  # arrays nested hundreds of levels deep
+        return {}, body, DEEP_FRONTMATTER
+    if _deeper_than(meta, MAX_FRONTMATTER_DEPTH):
+        return {}, body, DEEP_FRONTMATTER
+    return meta, body, None
 
 
 MAX_FRONTMATTER_DEPTH = 64
@@ -665,7 +687,7 @@ def _loaders() -> tuple[type, ...]:
 
 def strip_frontmatter(text: str) -> str:
     """The text without its frontmatter block (not parsed: for serving a document, not for reading it)."""
-    m = _FRONTMATTER.match(text)
+    m = _FRONTMATTER.match(text) or (_TOML_FRONTMATTER.match(text) if text.startswith("+++") else None)
     return text if m is None else text[m.end() :]
 
 
@@ -764,7 +786,7 @@ def document_digest(kb: Path, rel: str) -> tuple[str, str, str] | None:
     got = _served(kb, rel)
     if got is None:
         return None
-    title = signals_from(split_frontmatter(got[2])[0])[0].title if got[2].startswith("---") else ""
+    title = signals_from(split_frontmatter(got[2], toml=True)[0])[0].title if got[2].startswith(("---", "+++")) else ""
     return clean_body(got[1]).strip(), hashlib.sha256(got[0]).hexdigest(), title
 
 

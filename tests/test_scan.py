@@ -13,7 +13,7 @@ import pytest
 
 import kindex
 from kindex import KBNotFoundError, NotAThemeError, PathNotInThemeError
-from kindex.scan import scan
+from kindex.scan import scan, split_frontmatter
 from kindex.store import read_index
 
 SCAN: Any = importlib.import_module("kindex.scan")  # the module: `kindex.scan` is the function
@@ -75,6 +75,31 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert doc.signals.paths == ("src/**/*.tsx",)
     assert doc.headings == ("Heading",)
     assert "title:" not in doc.excerpt
+
+
+def test_hugo_toml_frontmatter_is_read_and_never_served(tmp_path: Path) -> None:
+    # A helper's campaign: Hugo's `+++` frontmatter was body text: the page titled by its first `##` heading or its
+    # file name, its summary the TOML itself, and `kindex context` served the block.
+    write(
+        tmp_path / "t" / "lang.md",
+        '+++\ntitle = "多语言配置"\ndescription = "每种语言一个内容目录。"\ntags = ["多语言", "i18n"]\n'
+        "date = 2024-05-01T10:00:00Z\ndraft = false\n+++\n\n## 配置项\n\n在 hugo.toml 里为每种语言设置 contentDir。\n",
+    )
+    write(tmp_path / "t" / "broken.md", '+++\ntitle = "未闭合\n+++\n\n# 安装\n\n正文。\n')
+    write(tmp_path / "t" / "plus.md", "+++ 不是 frontmatter\n\n# 加号\n\n正文。\n")
+    s = kindex.scan(tmp_path)
+    docs = {d.rel: d for d in s.documents}
+    lang = docs["t/lang.md"]
+    assert (lang.signals.title, lang.signals.description) == ("多语言配置", "每种语言一个内容目录。")
+    assert lang.signals.tags == ("多语言", "i18n") and "+++" not in lang.excerpt and "draft" not in lang.excerpt
+    [warning] = [w for w in s.warnings if w.path == "t/broken.md"]
+    assert warning.reason.startswith("frontmatter is not valid TOML") and docs["t/broken.md"].headings == ("安装",)
+    assert docs["t/plus.md"].excerpt.startswith("+++ 不是 frontmatter")  # no closing line: not a block
+    kindex.reindex(tmp_path)
+    ctx = kindex.build_context(tmp_path, "多语言配置")
+    assert ctx.items[0].path == "t/lang.md" and ctx.items[0].title == "多语言配置" and "draft" not in ctx.text
+    # A skill's frontmatter is YAML only, as the Agent Skills format says.
+    assert split_frontmatter('+++\nname = "x"\n+++\nbody') == ({}, '+++\nname = "x"\n+++\nbody', None)
 
 
 def test_globs_written_as_one_string_are_split_and_dropped_ones_are_said(tmp_path: Path) -> None:
@@ -897,9 +922,9 @@ def test_a_reindex_parses_each_documents_frontmatter_once(tmp_path: Path, monkey
     parsed: list[str] = []
     real = SCAN.split_frontmatter
 
-    def counting(text: str) -> Any:
+    def counting(text: str, toml: bool = False) -> Any:
         parsed.append(text)
-        return real(text)
+        return real(text, toml)
 
     monkeypatch.setattr(SCAN, "split_frontmatter", counting)
     kindex.reindex(kb)
