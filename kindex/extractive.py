@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kindex.markdown import INLINE_TAG, Line, lines, outside_raw_blocks, without_link_targets
+from kindex.markdown import Line, lines, outside_raw_blocks, readable_inline, without_link_targets
 from kindex.records import QUESTION_MAX, QUESTIONS_MAX, SUMMARY_MAX, TAG_MAX, TITLE_MAX, clean_text
 from kindex.sanitize import says
 from kindex.scan import ScannedDoc
@@ -190,7 +190,7 @@ def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
     CSS is not its summary)."""
     for line in outside_raw_blocks(text_lines):
         if line.fence is None:
-            yield INLINE_TAG.sub("", line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
+            yield readable_inline(line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
 
 
 SUMMARY_SCAN_CHARS = 64 * 1024

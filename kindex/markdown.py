@@ -14,10 +14,24 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_])<[A-Za-z][^<>\n]*>")
+INLINE_TAG = re.compile(r"</[A-Za-z][^<>\n]*>|(?<![A-Za-z0-9_\\])<[A-Za-z][^<>\n]*>")
 """An inline HTML or MDX tag (``<a name="x">``, ``</abbr>``, ``<TabItem value="y">``). An opening tag right after a
-letter or digit is a type's parameter, not a tag: ``Vec<T>`` and ``List<String>`` stay as they are. No "<", ">" or
-line break inside: a scan for it never goes past the next "<", and the search is one forward pass."""
+letter or digit is a type's parameter, not a tag: ``Vec<T>`` and ``List<String>`` stay as they are; after a
+backslash it is escaped text (``\\<script setup>``). No "<", ">" or line break inside: a scan for it never goes past
+the next "<", and the search is one forward pass."""
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def readable_inline(text: str) -> str:
+    """``text`` as a reader sees it: inline tags (``INLINE_TAG``) taken out and backslash escapes read (``\\<`` is
+    ``<``), outside code spans, whose text is literal: `` `<script setup>` `` and `` `<KeepAlive>` `` are the subject
+    of Vue's pages, and were dropped from their titles and summaries. An odd number of backticks opens no span."""
+    if "<" not in text and "\\" not in text:
+        return text
+    parts = text.split("`") if "`" in text and text.count("`") % 2 == 0 else [text]
+    for i in range(0, len(parts), 2):
+        parts[i] = _ESCAPED.sub(r"\1", INLINE_TAG.sub("", parts[i]))
+    return "`".join(parts)
 
 
 @dataclass(slots=True)  # not frozen: made by the hundred thousand for a long page, where frozen's __init__ costs 3.6×
@@ -148,7 +162,11 @@ def heading_title(line: str) -> str | None:
     # Nor do inline tags or link targets: Microsoft's docs open nearly every heading with an anchor, <a name="slug">
     # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays
     # as written: it is still a heading.
-    plain = title if "<" not in title and "](" not in title else without_link_targets(INLINE_TAG.sub("", title))
+    plain = (
+        title
+        if "<" not in title and "](" not in title and "\\" not in title
+        else without_link_targets(readable_inline(title))
+    )
     readable = " ".join(_without_inline_marks(plain).split())
     return readable or title or None
 

@@ -77,6 +77,22 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> None:
+    # Vue's docs: `<KeepAlive>` 是一个内置组件 was summarised "是一个内置组件…", and the page titled \<script setup> was
+    # titled by its file name: inline tags were taken out of code spans and escaped text too.
+    write(tmp_path / "api" / "keep-alive.md", "# KeepAlive\n\n`<KeepAlive>` 是一个内置组件，缓存组件实例。<br/>\n")
+    write(tmp_path / "api" / "script-setup.md", "# \\<script setup>\n\n`<script setup>` 是编译时语法糖。\n")
+    kindex.reindex(tmp_path)
+    index = read_index(tmp_path / "api" / "index.json")
+    assert index is not None
+    entries = {e.path: e for e in index.documents}
+    assert entries["keep-alive.md"].summary == "<KeepAlive> 是一个内置组件，缓存组件实例。"
+    assert (entries["script-setup.md"].title, entries["script-setup.md"].summary) == (
+        "<script setup>",
+        "<script setup> 是编译时语法糖。",
+    )
+
+
 def test_hugo_toml_frontmatter_is_read_and_never_served(tmp_path: Path) -> None:
     # A helper's campaign: Hugo's `+++` frontmatter was body text: the page titled by its first `##` heading or its
     # file name, its summary the TOML itself, and `kindex context` served the block.
@@ -356,6 +372,10 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("## `__init__` 和 `a*b`", "__init__ 和 a*b"),  # a code span's text is literal
         ("## 2 * 3 与 C*", "2 * 3 与 C*"),  # an asterisk between spaces, or alone, is text
         ("## 一个 ` 和 **粗体**", "一个 ` 和 粗体"),  # one backtick opens no span
+        # A tag in a code span or escaped is text (a helper's campaign on Vue's docs: these titles were lost).
+        ("# \\<script setup>", "<script setup>"),
+        ('## `<Suspense>` <sup class="vt-badge experimental" />', "<Suspense>"),
+        ("## \\_\\_init\\_\\_ 与 `\\n`", "__init__ 与 \\n"),  # escapes read, outside code spans only
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
