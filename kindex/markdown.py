@@ -140,9 +140,34 @@ def links(text: str) -> Iterator[tuple[str, str]]:
                 yield label, target
 
 
+def _html_heading(stripped: str) -> tuple[int, str] | None:
+    """An HTML heading written on one line (``<h1>青禾记账</h1>``, ``<h2 id="limits">接口限流</h2>``, as READMEs
+    open inside a centred ``<div>``): its level and what is between its tags. String searches only."""
+    if (
+        len(stripped) < 9
+        or stripped[:2] not in ("<h", "<H")
+        or stripped[2] not in "123456"
+        or stripped[3] not in " \t>"
+    ):
+        return None
+    body = stripped.rstrip()
+    close = f"</h{stripped[2]}>"
+    start = body.find(">")
+    if body[-len(close) :].lower() != close or start + 1 > len(body) - len(close):
+        return None
+    return int(stripped[2]), body[start + 1 : len(body) - len(close)]
+
+
 def heading_title(line: str) -> str | None:
-    """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute."""
+    """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute, or of
+    an HTML heading written on one line (``<h1>Title</h1>``)."""
     stripped, ok = _indent_ok(line.rstrip("\r\n"))
+    if ok and stripped[:2] in ("<h", "<H"):
+        html = _html_heading(stripped)
+        if html is None:
+            return None
+        inner = html[1]
+        return " ".join(_without_inline_marks(without_link_targets(readable_inline(inner))).split()) or None
     if not ok or not stripped.startswith("#"):
         return None
     level = len(stripped) - len(stripped.lstrip("#"))
@@ -300,7 +325,8 @@ def lines(text: str) -> list[Line]:
     items_depth = 0
     pos = 0
     for raw in physical_lines(text):
-        if opening is None and _plain(raw[:1]):  # most lines: prose, which opens no block, heading or item
+        # Most lines: prose, which opens no block, heading or item (an HTML heading aside).
+        if opening is None and _plain(raw[:1]) and raw[:2] not in ("<h", "<H"):
             out.append(Line(pos, raw, None, None))
             items, items_depth = [], 0
             pos += len(raw)
@@ -469,12 +495,14 @@ def outside_raw_blocks(text_lines: Sequence[Line]) -> Iterator[Line]:
 
 
 def headings(text: str) -> tuple[str, ...]:
-    """The ATX headings of ``text`` outside code blocks, in order."""
+    """The ATX headings of ``text`` outside code blocks, and its HTML headings written on one line, in order."""
     return tuple(line.heading for line in lines(text) if line.heading)
 
 
 def _level(line: Line) -> int:
-    return len(line.text.lstrip(" ")) - len(line.text.lstrip(" ").lstrip("#"))
+    stripped = line.text.lstrip(" ")
+    html = _html_heading(stripped) if stripped[:2] in ("<h", "<H") else None
+    return html[0] if html is not None else len(stripped) - len(stripped.lstrip("#"))
 
 
 def section(text: str, heading: str) -> str | None:

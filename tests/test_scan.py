@@ -93,6 +93,24 @@ def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> Non
     )
 
 
+def test_a_readme_titled_in_html_gives_its_title_to_the_page_and_its_theme(tmp_path: Path) -> None:
+    # A helper's campaign: a README opening with a centred <div><h1>…</h1> was titled by its first "##" heading
+    # (功能特性), and being its theme's landing page, so was the theme; <h2> sections were no sections.
+    pages = {
+        "README.md": '<div align="center">\n  <h1>青禾记账</h1>\n  <p>一款开源、离线优先的个人记账应用</p>\n</div>\n\n'
+        "## 功能特性\n\n- 多账本\n\n<h2>安装</h2>\n\n下载安装包。\n\n```html\n<h2>代码里的不算</h2>\n```\n",
+        "sync.md": "# 同步\n\n多设备同步账本。\n",
+    }
+    for name, text in pages.items():
+        write(tmp_path / "app" / name, text)
+    doc = next(d for d in kindex.scan(tmp_path).documents if d.rel == "app/README.md")
+    assert doc.headings == ("青禾记账", "功能特性", "安装")
+    kindex.reindex(tmp_path)
+    index = read_index(tmp_path / "app" / "index.json")
+    assert index is not None and next(e.title for e in index.documents if e.path == "README.md") == "青禾记账"
+    assert kindex.search(tmp_path, "青禾记账")[0].path == "app/README.md"
+
+
 def test_hugo_toml_frontmatter_is_read_and_never_served(tmp_path: Path) -> None:
     # A helper's campaign: Hugo's `+++` frontmatter was body text: the page titled by its first `##` heading or its
     # file name, its summary the TOML itself, and `kindex context` served the block.
@@ -376,6 +394,10 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("# \\<script setup>", "<script setup>"),
         ('## `<Suspense>` <sup class="vt-badge experimental" />', "<Suspense>"),
         ("## \\_\\_init\\_\\_ 与 `\\n`", "__init__ 与 \\n"),  # escapes read, outside code spans only
+        # An HTML heading on one line is a heading (a README's centred title), as it reads.
+        ("<h1>青禾记账</h1>", "青禾记账"),
+        ('  <h2 id="limits">接口<em>限流</em></h2>', "接口限流"),
+        ('<H1 align="center"><img src="logo.png"/> APISIX</H1>', "APISIX"),
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
