@@ -919,7 +919,10 @@ def _score(
     English (:func:`_english_row`). ``pasted``: what a Chinese question quotes in English, an error message or a
     log line (:func:`~kindex.analysis.pasted_english`). Of its plain English words, those the KB never uses weigh
     nothing, as an unseen Chinese word does: a KB written in Chinese writes few English sentences, so that it lacks
-    ``recent`` or ``present`` says nothing of what is asked, where a name it lacks (``MySQL``) does. And of its code
+    ``recent`` or ``present`` says nothing of what is asked, where a name it lacks (``MySQL``) does. None of them is a
+    subject (``MIN_SUBJECT``), whether the KB uses it or not: ``back`` or ``port`` in an English sentence says how
+    something is put, not what it is about, and with the sentence's other words weighing nothing, ``I love you to the
+    moon and back`` or ``Tomcat started on port 8080`` got a page on the one word the KB happens to use. And of its code
     names, one the KB never writes but writes every part of is spelled by them (``GraphMemoryExceeded``: graph,
     memory, exceeded), as 收入支出 is by 收入 and 支出: its parts weigh, not it as another product's name."""
     n = loaded.n
@@ -960,7 +963,7 @@ def _score(
         phrasing = not df and term in prose
         weight = 0.0 if value or letter or phrasing else row.weight
         total += weight
-        per_term.append(_Term(term, weight, row.docs, 0.0 if letter or phrasing else row.subject, value))
+        per_term.append(_Term(term, weight, row.docs, 0.0 if letter or term in prose else row.subject, value))
         if titles is not None:
             got = row.titled.get(size)
             if got is None:

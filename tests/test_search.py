@@ -998,6 +998,8 @@ def _web_framework_kb(tmp_path: Path) -> Path:
         "errors.md": "# 处理错误\n\n向客户端返回错误时抛出 HTTPException，并给出状态码与 detail。\n",
         "settings.md": "# 设置和环境变量\n\n用 pydantic-settings 的 BaseSettings 读取环境变量。\n",
         "models.md": "# 响应模型\n\n用 response_model 声明返回的数据，过滤掉不该返回的字段。\n",
+        "deploy.md": "# 部署\n\n用 uvicorn 启动：`uvicorn main:app --port 8000`。port 默认 8000，"
+        "换个 port 就改 --port；context 与 path 见 root_path。\n",
     }
     for name, text in pages.items():
         (kb / "tutorial" / name).write_text(text * 3, encoding="utf-8")
@@ -1019,6 +1021,14 @@ def test_an_error_message_pasted_into_a_chinese_question_is_answered(tmp_path: P
     # A code name the KB never writes but writes every part of is spelled by them (response, model, detail).
     hits = kindex.search(kb, '接口报错 {"detail": [{"type": "response_model_detail", "msg": "invalid response"}]}')
     assert hits and hits[0].path == "tutorial/models.md"
-    # Names a Chinese sentence drops in are still names: the KB never speaks of Nginx's limit_req or of Excel.
-    for message in ("Nginx 怎么用 limit_req 按 IP 限流", "Excel 表格怎么合并单元格", "Word 文档怎么生成目录"):
+    # Names a Chinese sentence drops in are still names: the KB never speaks of Nginx's limit_req or of Excel. And
+    # an English sentence's words are its wording, never a subject: a hostile campaign got pages for small talk and
+    # other products' logs on the one word of them the KB uses (port, back, path).
+    for message in (
+        "Nginx 怎么用 limit_req 按 IP 限流",
+        "Excel 表格怎么合并单元格",
+        "Word 文档怎么生成目录",
+        "日志 Tomcat started on port 8080 with context path",
+        "女朋友发来 I love you to the moon and back 是什么意思",
+    ):
         assert kindex.build_context(kb, message).fallback, message
