@@ -155,16 +155,17 @@ def title_key(text: str) -> str:
         return "".join(c for c in text if c.isalnum())
     kept = []
     for i, c in enumerate(text):
-        if c.isalnum() or (c in "#+" and i and _NAME_SUFFIX.match(text, _suffix_start(text, i)) is not None):
+        if c.isalnum() or (c in "#+" and _name_suffix_at(text, i)):
             kept.append(c)
     return "".join(kept)
 
 
-def _suffix_start(text: str, i: int) -> int:
-    """Where the ``#`` or ``+`` run holding ``text[i]`` starts, if a letter stands right before it; else ``-1``
-    (no name suffix): the second ``+`` of ``C++`` is judged with the first."""
-    start = i - 1 if text[i] == "+" and text[i - 1] == "+" else i
-    return start if start > 0 and text[start - 1].isascii() and text[start - 1].isalpha() else -1
+def _name_suffix_at(text: str, i: int) -> bool:
+    """Whether the ``#`` or ``+`` at ``text[i]`` belongs to a name's suffix (``C#``, ``C++``): its run starts right
+    after a letter and is ``_NAME_SUFFIX``; the second ``+`` of ``C++`` is judged with the first."""
+    start = i - 1 if text[i] == "+" and i and text[i - 1] == "+" else i
+    letter = start > 0 and text[start - 1].isascii() and text[start - 1].isalpha()
+    return letter and _NAME_SUFFIX.match(text, start) is not None
 
 
 _T2S_FILE = Path(__file__).with_name("zh_t2s.txt")  # written by tools/build_zh_t2s.py

@@ -18,6 +18,10 @@ OMITTED_MARK = "\n\n[…]\n\n"
 
 SECTION_SCAN_CHARS = 20_000
 """Characters of each section looked at to tell whether it matches the question: bounded work per request."""
+PAGE_SCAN_CHARS = 100_000
+"""Characters of a page of one section (no heading below its title) looked through for the question's heaviest
+term: five sections' worth. The whole page was, and a megabyte of characters that normalisation expands (﷽, 18
+letters each) took seconds a call."""
 MAX_FIT_CHARS = 1_000_000
 """Characters of a document a request reads, cleans and fits, at most (whole lines): the sections a question
 matches lie anywhere in a long page (FastAPI's release notes run to 693,000), and a bound on the work of one
@@ -165,17 +169,16 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
     if not wanted:
         return _cut(text, budget)
     # A page of one section (no heading below its title: an FAQ of collapsible blocks, a long note) hands over its
-    # first line and the part from its heaviest match on, looked for in the whole page: its start alone missed
-    # the answer 13,000 characters down.
+    # first line and the part from its heaviest match on: its start alone missed the answer 13,000 characters down.
     if "#" not in text:  # no heading, so one section: no need to parse a long page for its structure
-        return _matching_part(text, budget, wanted.values(), len(text))
+        return _matching_part(text, budget, wanted.values(), PAGE_SCAN_CHARS)
     lines = markdown_lines(text)
     starts = [i for i, ln in enumerate(lines) if ln.heading and i > 0]
     bounds = [0, *starts, len(lines)]
     edges = [ln.start for ln in lines] + [len(text)]
     sections = [(edges[bounds[i]], edges[bounds[i + 1]]) for i in range(len(bounds) - 1)]
     if len(sections) < 2:
-        return _matching_part(text, budget, wanted.values(), len(text))
+        return _matching_part(text, budget, wanted.values(), PAGE_SCAN_CHARS)
     scores = []
     for i, (s, e) in enumerate(sections[1:], start=1):
         sample = normalize(text[s : min(e, s + SECTION_SCAN_CHARS)])
@@ -183,7 +186,7 @@ def fit_to_budget(text: str, budget: int, terms: Sequence[str], written: Mapping
         if hits:
             scores.append((hits, i))
     if not scores:  # only the head can hold the match
-        return _matching_part(text, budget, wanted.values(), len(text))
+        return _matching_part(text, budget, wanted.values(), PAGE_SCAN_CHARS)
     scores.sort(key=lambda x: (-x[0], x[1]))
     gap = estimate_tokens(OMITTED_MARK)
     head = _cut(text[sections[0][0] : sections[0][1]].rstrip(), max(budget // 3, 1))
@@ -219,7 +222,9 @@ def _matching_part(
     terms the section holds (``wanted``: heaviest first) in its first ``scan`` characters: then its heading, the
     gap mark and the section from the first line holding that term on (the fourth bullet of a list that answers,
     not the three before it), or from the opening fence of the code block that line is in: a cut never starts
-    inside a block."""
+    inside a block. Where the rest of the section from there is shorter than the budget, the lines before that
+    line fill it (a match on a long page's last lines handed over 89 tokens of a 4,000-token budget). A first line
+    that opens a code block is left out, not served open."""
     part = _cut(piece, budget)
     first, _, rest = piece.partition("\n")
     folded = normalize(rest[:scan])
@@ -227,15 +232,38 @@ def _matching_part(
     if part is None or key is None or any(f in normalize(part[len(first) :]) for f in key):
         return part
     lines = markdown_lines(piece[: len(first) + 1 + scan])
+    head = "" if lines[0].open_after else first  # a fence opened on the first line would never be closed
+    gap = OMITTED_MARK if head else OMITTED_MARK.lstrip("\n")
+    room = budget - estimate_tokens(head + gap)
     opening = 0
     for i, line in enumerate(lines):
         if line.fence is not None and (i == 0 or not lines[i - 1].open_after):
             opening = i  # a code block opens here
         if i and any(f in normalize(line.text) for f in key):
-            at = lines[opening].start if line.fence is not None else line.start
-            tail = _cut(piece[at:], budget - estimate_tokens(first + OMITTED_MARK)) if at > len(first) else None
-            return first + OMITTED_MARK + tail if tail else part
+            start = opening if line.fence is not None else i
+            if lines[start].start <= len(first):
+                return part
+            if lines[-1].start + len(lines[-1].text) == len(piece):  # the whole section was parsed
+                start = _earliest_start(lines, start, room)
+            if start == 1 and head:
+                return _cut(piece, budget) or part  # from its first line on, whole: no gap to mark
+            tail = _cut(piece[lines[start].start :], room)
+            return head + gap + tail.strip("\n") if tail else part
     return part
+
+
+def _earliest_start(lines: Sequence[Line], start: int, room: int) -> int:
+    """The earliest of ``lines`` (the first aside) from which the rest, through ``lines[start]`` to the end, fits
+    ``room`` tokens, outside code blocks; ``start`` when nothing before it does. A backward walk: linear."""
+    left = room * 100 - sum(units(line.text) for line in lines[start:])
+    best = start
+    for i in range(start - 1, 0, -1):
+        left -= units(lines[i].text)
+        if left < 0:
+            break
+        if not lines[i - 1].open_after and not lines[i].blank:
+            best = i
+    return best
 
 
 def one_line(value: str) -> str:

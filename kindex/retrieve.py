@@ -1674,7 +1674,9 @@ def _assemble(
             mark = _TRUNCATION_MARK.format(path=one_line(hit.path))
             if room - units(mark) < MIN_SERVED_TOKENS * 100:
                 mark = _SHORT_MARK
-            terms = scored.heaviest(matched, MAX_FIT_TERMS)
+            # A fallback's overview is handed over from its start: a word of the question it happens to hold is
+            # not what it is served for.
+            terms = [] if fallback else scored.heaviest(matched, MAX_FIT_TERMS)
             fitted = fit_to_budget(text, (room - units(mark)) // 100, terms, scored.written(terms))
             if fitted is None:
                 break  # not even a character fits: the budget is spent

@@ -221,6 +221,8 @@ def test_c_sharp_and_c_plus_plus_are_names_of_their_own() -> None:
     # Not a name: a '#' or '+' before a letter or digit, after a digit, or standing apart.
     assert analysis.analyze("issue#12 a+b x2# C ++") == ["issu", "12", "b", "x2", "c"]
     assert [analysis.title_key(t) for t in ("A+B", "A + B", "issue#12", "## 标题")] == ["ab", "ab", "issue12", "标题"]
+    # No letter right before: no suffix.
+    assert [analysis.title_key(t) for t in ("++ 运算符", "# 标题 #", "x++y")] == ["运算符", "标题", "xy"]
     assert analysis.surface_forms("c#?")["c#"] == "c#" and analysis.surface_forms("C++")["c++"] == "C++"
 
 

@@ -296,6 +296,45 @@ def test_a_long_page_without_sections_serves_the_part_that_matches(tmp_path: Pat
     assert ctx.items[0].path == "help/faq.md" and "「设置 → 汇率」" in ctx.text
 
 
+def test_a_cut_at_the_match_fills_its_budget_closes_its_blocks_and_reads_a_bounded_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hostile campaign on the fit of pages without sections: a match on the last lines handed over 89 tokens of a
+    # 4,000-token budget; a first line opening a code block was served with the block never closed; a megabyte page
+    # was normalised whole (seconds for characters NFKC expands); and a fallback's overview was cut at a word of the
+    # question it happened to hold.
+    filler = "".join(f"第{i}段：这一段讲别的事情，和问题无关。\n\n" for i in range(400))
+    page = "# 常见问题\n\n" + filler + "汇率在「设置 → 汇率」中修改。\n"
+    fit = fit_to_budget(page, 2000, ["汇率"])
+    assert fit is not None and fit.endswith("汇率在「设置 → 汇率」中修改。") and 1800 <= estimate_tokens(fit) <= 2000
+    assert fit.startswith("# 常见问题" + OMITTED_MARK + "第")  # whole lines before the match, after the gap
+
+    fenced = "```yaml\nkey: value\n```\n\n" + filler + "汇率在设置中修改。\n"
+    fit = fit_to_budget(fenced, 200, ["汇率"])
+    assert fit is not None and _fences_closed(fit) and not fit.startswith("```") and "汇率在设置中修改" in fit
+
+    normalised: list[int] = []
+    real = kindex.analysis.normalize
+
+    def spy(text: str) -> str:
+        normalised.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(kindex.fitting, "normalize", spy)
+    fit_to_budget("# 长页\n\n" + "无关的一行。\n" * 150_000 + "汇率。\n", 300, ["汇率"])
+    assert max(normalised) <= kindex.fitting.PAGE_SCAN_CHARS
+    monkeypatch.undo()
+
+    kb = tmp_path / "kb"
+    (kb / "guide").mkdir(parents=True)
+    readme = "# 青禾账本\n\n记账应用的使用说明。\n\n" + filler + "口罩要按时更换。\n"
+    (kb / "README.md").write_text(readme, encoding="utf-8")
+    (kb / "guide" / "sync.md").write_text("# 同步\n\n多设备同步账本。\n", encoding="utf-8")
+    kindex.reindex(kb)
+    ctx = kindex.build_context(kb, "N95 口罩能重复戴几次", budget_tokens=300)
+    assert ctx.fallback and "记账应用的使用说明" in ctx.text and "口罩" not in ctx.text
+
+
 @pytest.mark.parametrize("message", ["X-Nonce 怎么生成", "退款多久到账", "发票怎么开", "同步冲突怎么办"])
 def test_the_assembled_context_never_exceeds_its_budget(indexed: Path, message: str) -> None:
     for budget in range(50, 301, 7):
@@ -1062,7 +1101,8 @@ def test_a_section_cut_to_fit_keeps_the_line_that_answers(indexed: Path) -> None
     # A newcomer's run: the section that answers was cut after its third bullet; the App Store line is the fourth.
     ctx = kindex.build_context(indexed, "苹果商店里买的会员怎么退", budget_tokens=300)
     assert ctx.items[0].path == "billing/退款政策.md" and ctx.items[0].truncated
-    assert "## 二、什么情况不能退款\n\n[…]\n\n- 通过第三方渠道" in ctx.text and "苹果 App Store" in ctx.text
+    assert "## 二、什么情况不能退款\n\n[…]\n\n" in ctx.text and "- 通过第三方渠道" in ctx.text
+    assert "苹果 App Store" in ctx.text
     assert estimate_tokens(ctx.text) <= 300
 
 
@@ -1125,7 +1165,8 @@ def test_a_section_cut_starting_at_its_match_never_starts_inside_a_code_block() 
     )
     fit = fit_to_budget(doc, 80, ["retry_policy"])
     assert fit is not None and _fences_closed(fit) and estimate_tokens(fit) <= 80
-    assert "## Setup\n\n[…]\n\n```python\nx = 1" in fit and "client.retry_policy = 3" in fit
+    assert fit.startswith("# Guide\n\nIntro.\n\n## Setup\n\n[…]\n\n") and "```python\nx = 1" in fit
+    assert "client.retry_policy = 3" in fit and "[…]\n\nx = 1" not in fit
 
 
 @pytest.mark.parametrize("head", ["# T\n\nIntro.\n\n", "## 配置\n\n", "1. step\n\n"])
