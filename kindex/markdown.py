@@ -158,6 +158,31 @@ def _html_heading(stripped: str) -> tuple[int, str] | None:
     return int(stripped[2]), body[start + 1 : len(body) - len(close)]
 
 
+_ATTRIBUTE = re.compile(r"""#[^\s{}]+|\.[^\s{}]+|[A-Za-z_:][\w:.-]*=(?:"[^"]*"|'[^']*'|[^\s{}"']+)""")
+MAX_ATTRIBUTES_CHARS = 200
+"""A heading's ``{ … }`` longer than this is text, not attributes: the check stays cheap on a 5 MB heading."""
+
+
+def _attributes(inner: str) -> bool:
+    """Whether ``inner`` (what a heading's trailing braces hold) is an attribute list (Python-Markdown's attr_list,
+    Pandoc's): ``#id``, ``.class`` and ``key=value`` items separated by spaces, the first an id (``#id``) or a
+    ``key=value``, as a reader of the heading never sees them. ``{ 1, 2 }`` or ``{name}`` in a title stays."""
+    inner = inner.strip()
+    if not inner or len(inner) > MAX_ATTRIBUTES_CHARS or inner[0] == ".":
+        return False
+    pos = 0
+    while pos < len(inner):
+        m = _ATTRIBUTE.match(inner, pos)
+        if m is None:
+            return False
+        pos = m.end()
+        rest = len(inner) - len(inner[pos:].lstrip())
+        if rest == pos and pos < len(inner):
+            return False  # items are separated by white space
+        pos = rest
+    return True
+
+
 def heading_title(line: str) -> str | None:
     """The title of an ATX heading line (``## Title ##``), without its closing hashes or ``{ #id }`` attribute, or of
     an HTML heading written on one line (``<h1>Title</h1>``)."""
@@ -179,10 +204,11 @@ def heading_title(line: str) -> str | None:
     without = title.rstrip("#")
     if without != title and (not without or without[-1] in " \t"):
         title = without.rstrip(" \t")
-    # MkDocs / Docusaurus attributes such as "{ #tutorial }" carry no meaning for a reader.
+    # MkDocs / Docusaurus attributes such as "{ #tutorial }", '{ id="9.7.6" }' or "{ .new data-toc-label=x }" carry
+    # no meaning for a reader.
     if title.endswith("}"):
         brace = title.rfind("{")
-        if brace >= 0 and title[brace + 1 : -1].strip().startswith("#"):
+        if brace >= 0 and _attributes(title[brace + 1 : -1]):
             title = title[:brace].rstrip(" \t")
     # Nor do inline tags or link targets: Microsoft's docs open nearly every heading with an anchor, <a name="slug">
     # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays

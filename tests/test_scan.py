@@ -398,6 +398,11 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("<h1>青禾记账</h1>", "青禾记账"),
         ('  <h2 id="limits">接口<em>限流</em></h2>', "接口限流"),
         ('<H1 align="center"><img src="logo.png"/> APISIX</H1>', "APISIX"),
+        # MkDocs attribute lists of every kind (the real mkdocs-material changelog); braces that are text stay.
+        ('## 版本 9.7.6 { id="9.7.6" }', "版本 9.7.6"),
+        ('## Setup { #setup .new data-toc-label="设置 页" }', "Setup"),
+        ("## 函数 {name} 与 { 1, 2 }", "函数 {name} 与 { 1, 2 }"),
+        ("## 展开 {...}", "展开 {...}"),
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
