@@ -96,6 +96,34 @@ def without_link_targets(text: str) -> str:
             out.append(text[opening + 1 : start])
         pos = end + 1
     out.append(text[pos:])
+    joined = "".join(out)
+    return _without_reference_labels(joined) if "][" in joined else joined
+
+
+MAX_LABEL_CHARS = 100
+"""A reference link's label is a short name (``[安装指南][install]``); a longer bracket run is text."""
+
+
+def _without_reference_labels(text: str) -> str:
+    """``text`` with each reference-style link ``[text][label]`` (or ``[text][]``, an image ``![alt][label]``) read
+    as its text: the label glued to it (安装指南install) made a tag of ``install``. Not after a letter, digit, ``_``,
+    ``)`` or ``]``: ``m[i][j]`` indexes. One forward pass."""
+    out: list[str] = []
+    pos = 0
+    while (start := text.find("][", pos)) >= 0:
+        end = text.find("]", start + 2, start + 2 + MAX_LABEL_CHARS)
+        opening = text.rfind("[", pos, start)
+        before = text[opening - 1] if opening > 0 else " "
+        indexing = before.isascii() and (before.isalnum() or before in "_)]")
+        if end < 0 or opening < 0 or indexing or "\n" in text[start:end]:
+            out.append(text[pos : start + 1])
+            pos = start + 1
+            continue
+        image = before == "!" and opening > pos
+        out.append(text[pos : opening - image])
+        out.append(text[opening + 1 : start])
+        pos = end + 1
+    out.append(text[pos:])
     return "".join(out)
 
 
@@ -215,7 +243,7 @@ def heading_title(line: str) -> str | None:
     # as written: it is still a heading.
     plain = (
         title
-        if "<" not in title and "](" not in title and "\\" not in title
+        if "<" not in title and "](" not in title and "][" not in title and "\\" not in title
         else without_link_targets(readable_inline(title))
     )
     readable = " ".join(_without_inline_marks(plain).split())

@@ -93,6 +93,20 @@ def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> Non
     )
 
 
+def test_a_reference_link_reads_as_its_text_in_the_offline_entry(tmp_path: Path) -> None:
+    # A helper's campaign: "请先阅读[安装指南][install]" was summarised "请先阅读安装指南install", and install a tag.
+    write(
+        tmp_path / "g" / "start.md",
+        "# 快速开始\n\n请先阅读[安装指南][install]，再看[配置说明][]。\n\n"
+        "[install]: ./install.md\n[配置说明]: ./c.md\n",
+    )
+    kindex.reindex(tmp_path)
+    index = read_index(tmp_path / "g" / "index.json")
+    assert index is not None
+    [entry] = index.documents
+    assert entry.summary.startswith("请先阅读安装指南，再看配置说明。") and "install" not in entry.tags
+
+
 def test_a_readme_titled_in_html_gives_its_title_to_the_page_and_its_theme(tmp_path: Path) -> None:
     # A helper's campaign: a README opening with a centred <div><h1>…</h1> was titled by its first "##" heading
     # (功能特性), and being its theme's landing page, so was the theme; <h2> sections were no sections.
@@ -403,6 +417,8 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ('## Setup { #setup .new data-toc-label="设置 页" }', "Setup"),
         ("## 函数 {name} 与 { 1, 2 }", "函数 {name} 与 { 1, 2 }"),
         ("## 展开 {...}", "展开 {...}"),
+        # Reference links read as their text; indexing stays.
+        ("## 阅读[安装指南][install]与 m[i][j]", "阅读安装指南与 m[i][j]"),
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
