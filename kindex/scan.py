@@ -57,10 +57,10 @@ _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.
 _TOML_FRONTMATTER = re.compile(r"\A\+\+\+[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])\+\+\+[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 SCAN_FILE = "scan.json"
-_SCAN_FORMAT = 8  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports; 4: TOML
+_SCAN_FORMAT = 9  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports; 4: TOML
 # frontmatter read; 5: headings keep tags written in code spans or escaped (`<KeepAlive>`, \<script setup>); 6: HTML
 # headings on one line (<h1>Title</h1>); 7: headings without attribute lists ({ id="x" }); 8: reference
-# links read as their text
+# links read as their text; 9: VitePress and VuePress home pages' hero and features
 _MAX_SCAN_FILE_BYTES = 256 * 2**20
 _RACY_NS = 2 * 10**9
 """A file changed less than this before it was read may change again within its file system's timestamp step
@@ -712,7 +712,13 @@ def signals_from(meta: Mapping[str, Any]) -> tuple[Signals, str | None]:
     paths = first("paths", "globs")
     if isinstance(paths, str):
         paths = split_globs(paths)
-    signals = _signals(first("title", "name"), first("description", "summary"), first("tags", "keywords"), paths)
+    home = _home_page(meta)
+    signals = _signals(
+        first("title", "name") or home[0],
+        first("description", "summary") or home[1],
+        first("tags", "keywords") or home[2],
+        paths,
+    )
     written = [p for p in paths if isinstance(p, str) and p.strip()] if isinstance(paths, list) else []
     dropped = [p for p in written if normalize_path(p) not in signals.paths]
     if not dropped or len(signals.paths) >= GLOBS_MAX:  # the same glob twice, or past the bound on their number
@@ -722,6 +728,19 @@ def signals_from(meta: Mapping[str, Any]) -> tuple[Signals, str | None]:
         f"frontmatter paths: {len(dropped)} glob(s) cannot be used ({', '.join(repr(p[:80]) for p in dropped[:3])}; "
         f"at most two ** and eight * in all, 64 brace expansions, no .. segment): dropped{unconditional}"
     )
+
+
+def _home_page(meta: Mapping[str, Any]) -> tuple[object, object, object]:
+    """The title, description and tags a VitePress or VuePress home page writes only in its frontmatter's hero and
+    features (``hero: {name, text, tagline}``, VuePress's ``heroText`` and ``tagline``, ``features: [{title}]``):
+    such a page has no body, and was skipped as empty, its theme left without its landing page."""
+    hero = meta.get("hero")
+    hero = hero if isinstance(hero, dict) else {}
+    name = hero.get("name") or hero.get("text") or meta.get("heroText")
+    tagline = hero.get("tagline") or meta.get("tagline") or (hero.get("text") if hero.get("name") else None)
+    features = meta.get("features")
+    titles = [f.get("title") for f in features[:32] if isinstance(f, dict)] if isinstance(features, list) else []
+    return name, tagline, [t for t in titles if isinstance(t, str)]
 
 
 def _signals(title: object, description: object, tags: object, paths: object) -> Signals:

@@ -93,6 +93,28 @@ def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> Non
     )
 
 
+def test_a_vitepress_or_vuepress_home_page_is_indexed_from_its_hero(tmp_path: Path) -> None:
+    # A helper's campaign: a home page writes its text only in its frontmatter's hero and features, and was skipped
+    # as empty ("skipped vp/index.md: empty document"), its theme left without its landing page.
+    pages = {
+        "vp/index.md": '---\nlayout: home\nhero:\n  name: "青禾记账"\n  text: "离线优先的个人记账"\n'
+        "  tagline: 多账本、预算与同步\nfeatures:\n  - title: 多账本\n    details: 分开记。\n"
+        "  - title: 预算提醒\n---\n",
+        "vue/README.md": "---\nhome: true\nheroText: 旧版文档\ntagline: VuePress 写的首页\n---\n",  # VuePress's
+        "vp/start.md": "# 快速开始\n\n安装后登录。\n",
+    }
+    for rel, text in pages.items():
+        write(tmp_path / rel, text)
+    s = kindex.scan(tmp_path)
+    docs = {d.rel: d.signals for d in s.documents}
+    assert (docs["vp/index.md"].title, docs["vp/index.md"].description) == ("青禾记账", "多账本、预算与同步")
+    assert docs["vp/index.md"].tags == ("多账本", "预算提醒")
+    assert (docs["vue/README.md"].title, docs["vue/README.md"].description) == ("旧版文档", "VuePress 写的首页")
+    assert not s.skipped
+    kindex.reindex(tmp_path)
+    assert kindex.search(tmp_path, "青禾记账")[0].path == "vp/index.md"
+
+
 def test_a_reference_link_reads_as_its_text_in_the_offline_entry(tmp_path: Path) -> None:
     # A helper's campaign: "请先阅读[安装指南][install]" was summarised "请先阅读安装指南install", and install a tag.
     write(
