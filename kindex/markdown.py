@@ -44,9 +44,12 @@ class Line:
     """The opening fence of the code block this line belongs to (its delimiters included, after the block quote
     markers and the list item's indent it stands in: ``> ````, ``   ````), else ``None``."""
     heading: str | None
-    """The title of an ATX heading outside code blocks, else ``None``."""
+    """The title of an ATX, HTML or setext heading outside code blocks, else ``None``."""
     open_after: bool = False
     """A code block is open after this line: a cut right after it would land inside the block."""
+    level: int = 0
+    """A setext heading's level (1 under ``===``, 2 under ``---``); 0 for any other line (an ATX heading's level is
+    its hashes)."""
 
     @property
     def blank(self) -> bool:
@@ -379,6 +382,13 @@ def lines(text: str) -> list[Line]:
     items_depth = 0
     pos = 0
     for raw in physical_lines(text):
+        if opening is None and raw[:1] in ("=", "-") and out and (level := _setext_level(raw, out[-1])):
+            under = out[-1]
+            out[-1] = replace(under, heading=heading_title("# " + under.text.strip()), level=level)
+            out.append(Line(pos, raw, None, None))
+            items, items_depth = [], 0
+            pos += len(raw)
+            continue
         # Most lines: prose, which opens no block, heading or item (an HTML heading aside).
         if opening is None and _plain(raw[:1]) and raw[:2] not in ("<h", "<H"):
             out.append(Line(pos, raw, None, None))
@@ -553,7 +563,23 @@ def headings(text: str) -> tuple[str, ...]:
     return tuple(line.heading for line in lines(text) if line.heading)
 
 
+def _setext_level(raw: str, before: Line) -> int:
+    """The level of the setext heading that ``raw`` underlines in ``before`` (``标题`` over ``===``: 1, over ``---``:
+    2), else 0: an underline of two or more ``=`` or ``-`` at the margin, under a line of paragraph text (not blank,
+    code, a heading, a list item, a quote, a table row or HTML). Only that last line is the title, where CommonMark
+    takes the whole paragraph."""
+    mark = raw.rstrip()
+    if len(mark) < 2 or mark != mark[0] * len(mark) or before.heading is not None or before.fence is not None:
+        return 0
+    prev = before.text
+    if not prev.strip() or prev[:1] in " \t>-*+<|#" or (prev[:1].isdigit() and ". " in prev[:12]):
+        return 0
+    return 1 if mark[0] == "=" else 2
+
+
 def _level(line: Line) -> int:
+    if line.level:
+        return line.level
     stripped = line.text.lstrip(" ")
     html = _html_heading(stripped) if stripped[:2] in ("<h", "<H") else None
     return html[0] if html is not None else len(stripped) - len(stripped.lstrip("#"))

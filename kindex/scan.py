@@ -57,10 +57,10 @@ _FRONTMATTER = re.compile(r"\A---[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])(?:---|\.\.\.
 _TOML_FRONTMATTER = re.compile(r"\A\+\+\+[ \t]*(?:\r\n?|\n)(.*?)(?<=[\r\n])\+\+\+[ \t]*(?:\r\n?|\n|\Z)", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 SCAN_FILE = "scan.json"
-_SCAN_FORMAT = 9  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports; 4: TOML
+_SCAN_FORMAT = 10  # 2: CR-only frontmatter read, headings without inline marks; 3: no <head> or MDX imports; 4: TOML
 # frontmatter read; 5: headings keep tags written in code spans or escaped (`<KeepAlive>`, \<script setup>); 6: HTML
 # headings on one line (<h1>Title</h1>); 7: headings without attribute lists ({ id="x" }); 8: reference
-# links read as their text; 9: VitePress and VuePress home pages' hero and features
+# links read as their text; 9: VitePress and VuePress home pages' hero and features; 10: setext headings
 _MAX_SCAN_FILE_BYTES = 256 * 2**20
 _RACY_NS = 2 * 10**9
 """A file changed less than this before it was read may change again within its file system's timestamp step

@@ -93,6 +93,26 @@ def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> Non
     )
 
 
+def test_setext_headings_title_and_section_a_page(tmp_path: Path) -> None:
+    # A helper's campaign: a page of setext headings (older docs, pandoc's output) was titled by its file name and
+    # had no sections; what is not one stays text (a list item, a table, code, a thematic break after a blank line).
+    write(
+        tmp_path / "g" / "setext.md",
+        "安装指南\n========\n\n简介。\n\n下载\n----\n\n从官网下载。\n\n- 一项\n---\n\n| a |\n|---|\n\n"
+        "```\ncode\n---\n```\n\n---\n\n配置\n--\n\n改端口。\n",
+    )
+    from kindex.markdown import section
+
+    doc = kindex.scan(tmp_path).documents[0]
+    assert doc.headings == ("安装指南", "下载", "配置")
+    text = (tmp_path / "g" / "setext.md").read_text(encoding="utf-8")
+    assert section(text, "配置") == "配置\n--\n\n改端口。"
+    assert (section(text, "下载") or "").startswith("下载\n----\n\n从官网下载。")
+    kindex.reindex(tmp_path)
+    index = read_index(tmp_path / "g" / "index.json")
+    assert index is not None and index.documents[0].title == "安装指南"
+
+
 def test_a_vitepress_or_vuepress_home_page_is_indexed_from_its_hero(tmp_path: Path) -> None:
     # A helper's campaign: a home page writes its text only in its frontmatter's hero and features, and was skipped
     # as empty ("skipped vp/index.md: empty document"), its theme left without its landing page.
@@ -441,6 +461,9 @@ def test_preview_reports_the_spec_fields(kb: Path) -> None:
         ("## 展开 {...}", "展开 {...}"),
         # Reference links read as their text; indexing stays.
         ("## 阅读[安装指南][install]与 m[i][j]", "阅读安装指南与 m[i][j]"),
+        # Setext headings: the line over the underline.
+        ("安装 **Hugo**\n====", "安装 Hugo"),
+        ("小节\n---", "小节"),
     ],
 )
 def test_headings_read_as_a_reader_reads_them(line: str, title: str) -> None:
