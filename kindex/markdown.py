@@ -384,7 +384,8 @@ def lines(text: str) -> list[Line]:
     for raw in physical_lines(text):
         if opening is None and raw[:1] in ("=", "-") and out and (level := _setext_level(raw, out[-1])):
             under = out[-1]
-            out[-1] = replace(under, heading=heading_title("# " + under.text.strip()), level=level)
+            title = heading_title("# " + under.text.strip())
+            out[-1] = Line(under.start, under.text, None, title, under.open_after, level)
             out.append(Line(pos, raw, None, None))
             items, items_depth = [], 0
             pos += len(raw)
@@ -566,15 +567,23 @@ def headings(text: str) -> tuple[str, ...]:
 def _setext_level(raw: str, before: Line) -> int:
     """The level of the setext heading that ``raw`` underlines in ``before`` (``标题`` over ``===``: 1, over ``---``:
     2), else 0: an underline of two or more ``=`` or ``-`` at the margin, under a line of paragraph text (not blank,
-    code, a heading, a list item, a quote, a table row or HTML). Only that last line is the title, where CommonMark
-    takes the whole paragraph."""
-    mark = raw.rstrip()
-    if len(mark) < 2 or mark != mark[0] * len(mark) or before.heading is not None or before.fence is not None:
-        return 0
+    code, a heading, a list item, a quote, a table row, HTML or an underline itself). Only that last line is the
+    title, where CommonMark takes the whole paragraph. The line before is looked at first: a page of list items
+    or underlines pays one test a line."""
     prev = before.text
-    if not prev.strip() or prev[:1] in " \t>-*+<|#" or (prev[:1].isdigit() and ". " in prev[:12]):
+    if prev[:1] in _NOT_PARAGRAPH or before.heading is not None or before.fence is not None or not prev.strip():
+        return 0
+    if prev[:1].isdigit() and ". " in prev[:12]:
+        return 0
+    mark = raw.rstrip()
+    if len(mark) < 2 or mark.strip(mark[0]):
         return 0
     return 1 if mark[0] == "=" else 2
+
+
+_NOT_PARAGRAPH = frozenset(" \t>-*+<|#=")
+"""A line starting with one of these is no setext heading's text (indented, a quote, an item, HTML, a table row,
+a heading or an underline)."""
 
 
 def _level(line: Line) -> int:

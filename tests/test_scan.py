@@ -498,7 +498,14 @@ def test_lines_that_open_nothing_skip_the_block_parse(monkeypatch: pytest.Monkey
     text = "标题\n====\n| a | b |\n<br>\n![图](x.png)\n😀 表情\n- 项目\n  ```js\n  x = 1\n  ```\n=\n"
     got = [(line.fence, line.heading) for line in markdown.lines(text)]
     assert quoted == ["- 项目", "  ```js", "  x = 1", "  ```"]  # a list item and its fenced block, as before
-    assert got == [(None, None)] * 6 + [(None, None), ("  ```", None), ("  ```", None), ("  ```", None), (None, None)]
+    # 标题 over ==== is a setext heading, read without the block parse too.
+    assert got == [(None, "标题")] + [(None, None)] * 5 + [
+        (None, None),
+        ("  ```", None),
+        ("  ```", None),
+        ("  ```", None),
+        (None, None),
+    ]
 
 
 @pytest.mark.parametrize(
