@@ -53,7 +53,7 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 22
+ANALYZER_VERSION = 23
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
 characters read as simplified; 12: a mapped character's target is never mapped again (薴 → 苎); 13: 於, 麽, 徵, 夥, 剋
 mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop words; 16: a body read without its
@@ -61,7 +61,7 @@ mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop
 (``_NAME_SUFFIX``), and titles keep the suffix; 18: headings keep tags written in code spans or escaped
 (``markdown.readable_inline``); 19: HTML headings written on one line are headings; 20: headings without
 attribute lists (``{ id="x" }``); 21: headings read reference links as their text; 22: setext
-headings."""
+headings; 23: C++17 and C#10 are C++ and C# with a version."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 # Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an
@@ -78,9 +78,10 @@ _CONTRACTIONS = ("'s", "'re", "'ll", "'ve", "'d", "'m", "n't")
 _ASCII_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _PART = re.compile(r"U+(?=UL)|U?L+|U+|D+|O+")
 # What makes a programming language's name of a letter or a word: C#, F#, C++, Notepad++. Without it they were all
-# ``c`` (or ``notepad``), and a question about C# ranked the page about C. Only where no letter, digit, ``#`` or
-# ``+`` follows: ``issue#12`` and ``a+b`` are not names.
-_NAME_SUFFIX = re.compile(r"(?:#|\+\+)(?![A-Za-z0-9#+])")
+# ``c`` (or ``notepad``), and a question about C# ranked the page about C. Only where no letter, ``#`` or ``+``
+# follows, nor a digit after "#": ``issue#12`` and ``a+b`` are not names; ``C++17`` is C++ and 17 (and ``C#10``,
+# a one-letter name, C# and 10: see :func:`_suffixed`).
+_NAME_SUFFIX = re.compile(r"\+\+(?![A-Za-z#+])|#(?![A-Za-z0-9#+])")
 _HAN_CHAR = re.compile(rf"[{_HAN}]")
 _HAN_RUN = re.compile(rf"[{_HAN}]+")
 MAX_WORD = 64
@@ -520,6 +521,8 @@ def _suffixed(word: str, text: str, end: int) -> str | None:
         suffix = _NAME_SUFFIX.match(text, end)
         if suffix is not None:
             return word + suffix.group()
+        if len(word) == 1 and text[end] == "#" and text[end + 1 : end + 2].isdigit():
+            return word + "#"  # C#10, F#6: a version after a one-letter name
     return None
 
 

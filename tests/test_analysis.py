@@ -217,6 +217,8 @@ def test_c_sharp_and_c_plus_plus_are_names_of_their_own() -> None:
     # C#, C++ and C were one term (``c``) and one title key: `C#` ranked the page titled C first.
     assert analysis.analyze("C# 和 C++ 教程") == ["c", "c#", "c", "c++", "教程"]
     assert analysis.analyze("Notepad++") == ["notepad", "notepad++"]
+    # A version after the name: C++17, C#10 (one letter), as a hostile campaign asked.
+    assert analysis.analyze("C++17 与 C#10") == ["c", "c++", "17", "c", "c#", "10"]
     assert [analysis.title_key(t) for t in ("C", "C#", "c# ?", "C++", "C#教程")] == ["c", "c#", "c#", "c++", "c#教程"]
     # Not a name: a '#' or '+' before a letter or digit, after a digit, or standing apart.
     assert analysis.analyze("issue#12 a+b x2# C ++") == ["issu", "12", "b", "x2", "c"]

@@ -980,7 +980,8 @@ def test_c_sharp_c_plus_plus_and_c_are_three_pages(tmp_path: Path) -> None:
     ]:
         (kb / "lang" / name).write_text(f"# {title}\n\n" + f"{title}: {body}\n\n" * 5)
     kindex.reindex(kb)
-    for question, page in [("C", "c"), ("C#", "csharp"), ("c#?", "csharp"), ("C++", "cpp"), ("C#教程", "csharp")]:
+    asked = [("C", "c"), ("C#", "csharp"), ("c#?", "csharp"), ("C++", "cpp"), ("C#教程", "csharp"), ("C++17", "cpp")]
+    for question, page in asked:
         assert kindex.search(kb, question)[0].path == f"lang/{page}.md", question
     hit = kindex.search(kb, "C++ templates")[0]
     assert hit.path == "lang/cpp.md" and hit.matched == ("C++", "templates")
