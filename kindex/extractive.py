@@ -32,7 +32,14 @@ _ENUMERATOR = re.compile(
     r"|第[一二三四五六七八九十\d]{1,3}(?:章|节|部分|篇)(?=[\s：:、.．]|$))[\s：:、.．]*"
 )
 _CODE_SPAN = re.compile(r"`([^`\n]{2,40})`")
-_NOISE_LINE = re.compile(r"^\s*(#|```|~~~|\||!\[|\[!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|import |\[\^)")
+_NOISE_LINE = re.compile(
+    r"^\s*(#|```|~~~|\||!\[|\[!\[|<|>|!!!|\?\?\?|---|\*\*\*|={3,}|-{3,}|:::|///|\{%|\{\{[<%]|import |\[\^"
+    r"|\?>|!>|--8<--|\[\[toc\]\]|\[TOC\]|\{:)"
+)
+"""Lines no summary starts with: headings, code, tables, images, HTML, quotes and callouts (GitHub's, MkDocs',
+VitePress', docsify's ``?>`` and ``!>``), rules, template and shortcode tags (Jekyll's ``{% %}``, Hugo's
+``{{< >}}``; not a macro such as ``{{ product.name }}``, which opens sentences), MkDocs snippet includes
+(``--8<--``), table-of-contents marks (``[[toc]]``, ``[TOC]``, kramdown's ``{:toc}``)."""
 _STOP = frozenset(
     [
         "the",
@@ -185,11 +192,18 @@ def _prose(text_lines: Sequence[Line]) -> str:
     return " ".join(kept)
 
 
+def _template_tag(text: str) -> bool:
+    """Whether a line is only a template or shortcode tag (``{% tab title="Bash" %}``, ``{{< note >}}``,
+    ``{{% /tab %}}``): its arguments (tab, endtab, title) made tags of pages that say nothing about them."""
+    stripped = text.strip()
+    return stripped.startswith(("{%", "{{<", "{{%")) and stripped.endswith(("%}", ">}}", "%}}"))
+
+
 def _readable(text_lines: Sequence[Line]) -> Iterator[str]:
     """The lines a reader reads, HTML tags taken out: no fenced code, no ``<style>`` or ``<script>`` block (a page's
     CSS is not its summary)."""
     for line in outside_raw_blocks(text_lines):
-        if line.fence is None:
+        if line.fence is None and not _template_tag(line.text):
             yield readable_inline(line.text)  # its text stays: <abbr title="…">CLI</abbr> reads CLI
 
 

@@ -154,7 +154,7 @@ class ExtractiveGenerator:
     # Bumped when the entries it writes change (extractive, markdown or scan code): entries are kept by this key and
     # reused for an unchanged document (the answer cache's ``derived``), so a change not bumped here shows only
     # on documents edited since, or with ``--force``.
-    _VERSION = "extractive-21"
+    _VERSION = "extractive-22"
 
     def doc_key(self, doc: ScannedDoc) -> str:
         return _digest(self._VERSION, doc.rel, doc.sha256)

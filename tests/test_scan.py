@@ -93,6 +93,33 @@ def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> Non
     )
 
 
+def test_template_tags_and_site_marks_make_no_summary_and_no_tag(tmp_path: Path) -> None:
+    # A helper's campaign: Hugo shortcodes, docsify callouts, [[toc]], MkDocs snippet lines became summaries, and a
+    # Jekyll tab's arguments (tab, endtab, title) tags. A macro opening a sentence stays the sentence.
+    pages = {
+        "hugo.md": '# 图片处理\n\n{{< figure src="a.png" title="流水线" >}}\n\n图片上传后自动压缩。\n',
+        "docsify.md": "# 注册\n\n?> 首次使用需要先注册账号\n\n注册需要手机号和验证码。\n",
+        "tabs.md": "# 安装\n\n[[toc]]\n\n用包管理器安装。\n\n"
+        + '{% tab title="Bash" %}\nbrew install x\n{% endtab %}\n' * 3,
+        "snippet.md": '# 缩写\n\n--8<-- "includes/abbr.md"\n\n本页列出常用缩写。\n',
+        "macro.md": "# 产品\n\n{{ product.name }} 是一款记账应用。\n",
+    }
+    for name, text in pages.items():
+        write(tmp_path / "site" / name, text)
+    kindex.reindex(tmp_path)
+    index = read_index(tmp_path / "site" / "index.json")
+    assert index is not None
+    entries = {e.path: e for e in index.documents}
+    assert [entries[n].summary for n in pages] == [
+        "图片上传后自动压缩。",
+        "注册需要手机号和验证码。",
+        "用包管理器安装。",
+        "本页列出常用缩写。",
+        "{{ product.name }} 是一款记账应用。",
+    ]
+    assert not {"tab", "endtab", "title"} & set(entries["tabs.md"].tags)
+
+
 def test_setext_headings_title_and_section_a_page(tmp_path: Path) -> None:
     # A helper's campaign: a page of setext headings (older docs, pandoc's output) was titled by its file name and
     # had no sections; what is not one stays text (a list item, a table, code, a thematic break after a blank line).
