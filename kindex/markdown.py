@@ -222,8 +222,7 @@ def heading_title(line: str) -> str | None:
         html = _html_heading(stripped)
         if html is None:
             return None
-        inner = html[1]
-        return " ".join(_without_inline_marks(without_link_targets(readable_inline(inner))).split()) or None
+        return _as_read(html[1]) or None
     if not ok or not stripped.startswith("#"):
         return None
     level = len(stripped) - len(stripped.lstrip("#"))
@@ -241,16 +240,20 @@ def heading_title(line: str) -> str | None:
         brace = title.rfind("{")
         if brace >= 0 and _attributes(title[brace + 1 : -1]):
             title = title[:brace].rstrip(" \t")
-    # Nor do inline tags or link targets: Microsoft's docs open nearly every heading with an anchor, <a name="slug">
-    # </a>; <dfn title="…">转换</dfn> reads 转换, [Django](https://…) reads Django. A heading that is only tags stays
-    # as written: it is still a heading.
+    # A heading that is only tags stays as written: it is still a heading.
+    return _as_read(title) or title or None
+
+
+def _as_read(title: str) -> str:
+    """A heading's title as a reader reads it, white space folded. Without inline tags or link targets: Microsoft's
+    docs open nearly every heading with an anchor, <a name="slug"></a>; <dfn title="…">转换</dfn> reads 转换,
+    [Django](https://…) reads Django; and without code-span backticks and emphasis."""
     plain = (
         title
         if "<" not in title and "](" not in title and "][" not in title and "\\" not in title
         else without_link_targets(readable_inline(title))
     )
-    readable = " ".join(_without_inline_marks(plain).split())
-    return readable or title or None
+    return " ".join(_without_inline_marks(plain).split())
 
 
 def _without_inline_marks(title: str) -> str:

@@ -973,7 +973,7 @@ def _score(
     held = {t.term for t in per_term if t.df and len(t.term) > 1}
     for t in per_term:
         t.spelled = not t.df and len(t.term) > 2 and has_han(t.term) and _spelled(t.term, held)
-        if not t.df and t.weight and all(p in held for p in compounds.get(t.term, ("",))):
+        if not t.df and t.weight and t.term in compounds and all(p in held for p in compounds[t.term]):
             total -= t.weight
             t.weight, t.subject, t.spelled = 0.0, 0.0, True
     scored = _Scored(terms, np.ascontiguousarray(adds.real), per_term, np.ascontiguousarray(adds.imag), total)

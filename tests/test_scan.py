@@ -13,6 +13,7 @@ import pytest
 
 import kindex
 from kindex import KBNotFoundError, NotAThemeError, PathNotInThemeError
+from kindex.records import DocItem
 from kindex.scan import scan, split_frontmatter
 from kindex.store import read_index
 
@@ -77,15 +78,20 @@ def test_frontmatter_is_parsed_as_yaml_signals(tmp_path: Path) -> None:
     assert "title:" not in doc.excerpt
 
 
+def _offline_entries(kb: Path, theme: str) -> dict[str, DocItem]:
+    """The offline entries of ``theme``'s documents after a reindex of ``kb``, by path."""
+    kindex.reindex(kb)
+    index = read_index(kb / theme / "index.json")
+    assert index is not None
+    return {e.path: e for e in index.documents}
+
+
 def test_a_tag_written_as_code_stays_in_the_offline_entry(tmp_path: Path) -> None:
     # Vue's docs: `<KeepAlive>` 是一个内置组件 was summarised "是一个内置组件…", and the page titled \<script setup> was
     # titled by its file name: inline tags were taken out of code spans and escaped text too.
     write(tmp_path / "api" / "keep-alive.md", "# KeepAlive\n\n`<KeepAlive>` 是一个内置组件，缓存组件实例。<br/>\n")
     write(tmp_path / "api" / "script-setup.md", "# \\<script setup>\n\n`<script setup>` 是编译时语法糖。\n")
-    kindex.reindex(tmp_path)
-    index = read_index(tmp_path / "api" / "index.json")
-    assert index is not None
-    entries = {e.path: e for e in index.documents}
+    entries = _offline_entries(tmp_path, "api")
     assert entries["keep-alive.md"].summary == "<KeepAlive> 是一个内置组件，缓存组件实例。"
     assert (entries["script-setup.md"].title, entries["script-setup.md"].summary) == (
         "<script setup>",
@@ -106,10 +112,7 @@ def test_template_tags_and_site_marks_make_no_summary_and_no_tag(tmp_path: Path)
     }
     for name, text in pages.items():
         write(tmp_path / "site" / name, text)
-    kindex.reindex(tmp_path)
-    index = read_index(tmp_path / "site" / "index.json")
-    assert index is not None
-    entries = {e.path: e for e in index.documents}
+    entries = _offline_entries(tmp_path, "site")
     assert [entries[n].summary for n in pages] == [
         "图片上传后自动压缩。",
         "注册需要手机号和验证码。",
@@ -135,9 +138,7 @@ def test_setext_headings_title_and_section_a_page(tmp_path: Path) -> None:
     text = (tmp_path / "g" / "setext.md").read_text(encoding="utf-8")
     assert section(text, "配置") == "配置\n--\n\n改端口。"
     assert (section(text, "下载") or "").startswith("下载\n----\n\n从官网下载。")
-    kindex.reindex(tmp_path)
-    index = read_index(tmp_path / "g" / "index.json")
-    assert index is not None and index.documents[0].title == "安装指南"
+    assert _offline_entries(tmp_path, "g")["setext.md"].title == "安装指南"
 
 
 def test_a_vitepress_or_vuepress_home_page_is_indexed_from_its_hero(tmp_path: Path) -> None:
@@ -169,10 +170,7 @@ def test_a_reference_link_reads_as_its_text_in_the_offline_entry(tmp_path: Path)
         "# 快速开始\n\n请先阅读[安装指南][install]，再看[配置说明][]。\n\n"
         "[install]: ./install.md\n[配置说明]: ./c.md\n",
     )
-    kindex.reindex(tmp_path)
-    index = read_index(tmp_path / "g" / "index.json")
-    assert index is not None
-    [entry] = index.documents
+    entry = _offline_entries(tmp_path, "g")["start.md"]
     assert entry.summary.startswith("请先阅读安装指南，再看配置说明。") and "install" not in entry.tags
 
 
@@ -188,9 +186,7 @@ def test_a_readme_titled_in_html_gives_its_title_to_the_page_and_its_theme(tmp_p
         write(tmp_path / "app" / name, text)
     doc = next(d for d in kindex.scan(tmp_path).documents if d.rel == "app/README.md")
     assert doc.headings == ("青禾记账", "功能特性", "安装")
-    kindex.reindex(tmp_path)
-    index = read_index(tmp_path / "app" / "index.json")
-    assert index is not None and next(e.title for e in index.documents if e.path == "README.md") == "青禾记账"
+    assert _offline_entries(tmp_path, "app")["README.md"].title == "青禾记账"
     assert kindex.search(tmp_path, "青禾记账")[0].path == "app/README.md"
 
 
@@ -204,6 +200,7 @@ def test_hugo_toml_frontmatter_is_read_and_never_served(tmp_path: Path) -> None:
     )
     write(tmp_path / "t" / "broken.md", '+++\ntitle = "未闭合\n+++\n\n# 安装\n\n正文。\n')
     write(tmp_path / "t" / "plus.md", "+++ 不是 frontmatter\n\n# 加号\n\n正文。\n")
+    write(tmp_path / "t" / "huge.md", '+++\ntitle = "大"\n' + "# 注释\n" * 5000 + "+++\n\n# 很大\n\n正文。\n")
     s = kindex.scan(tmp_path)
     docs = {d.rel: d for d in s.documents}
     lang = docs["t/lang.md"]
@@ -212,6 +209,9 @@ def test_hugo_toml_frontmatter_is_read_and_never_served(tmp_path: Path) -> None:
     [warning] = [w for w in s.warnings if w.path == "t/broken.md"]
     assert warning.reason.startswith("frontmatter is not valid TOML") and docs["t/broken.md"].headings == ("安装",)
     assert docs["t/plus.md"].excerpt.startswith("+++ 不是 frontmatter")  # no closing line: not a block
+    huge = next(w.reason for w in s.warnings if w.path == "t/huge.md")
+    assert huge == "frontmatter is longer than 16 KiB: ignored, the body is indexed"
+    assert docs["t/huge.md"].headings == ("很大",) and not docs["t/huge.md"].signals.title
     kindex.reindex(tmp_path)
     ctx = kindex.build_context(tmp_path, "多语言配置")
     assert ctx.items[0].path == "t/lang.md" and ctx.items[0].title == "多语言配置" and "draft" not in ctx.text
@@ -1161,11 +1161,13 @@ def test_frontmatter_is_parsed_by_libyaml_where_pyyaml_has_it_and_read_as_before
     assert problem is None and meta["n"] == "1" and meta["title"].startswith("发票 ")
 
 
+@pytest.mark.parametrize(("fence", "key"), [("---", "a: "), ("+++", "a = ")])
 @pytest.mark.parametrize(("depth", "deep"), [(64, False), (65, True), (8_000, True)])
-def test_frontmatter_nested_past_64_levels_is_ignored(depth: int, deep: bool) -> None:
+def test_frontmatter_nested_past_64_levels_is_ignored(depth: int, deep: bool, fence: str, key: str) -> None:
     # libyaml builds 8,000 levels where the pure-Python parser ran out of stack: whatever reads the values next
-    # (a repr, a JSON encoder) would.
-    meta, body, problem = SCAN.split_frontmatter("---\na: " + "[" * depth + "]" * depth + "\n---\n正文\n")
+    # (a repr, a JSON encoder) would. Hugo's TOML the same (tomllib recurses into nested arrays).
+    text = f"{fence}\n{key}" + "[" * depth + "]" * depth + f"\n{fence}\n正文\n"
+    meta, body, problem = SCAN.split_frontmatter(text, toml=True)
     assert body == "正文\n"
     if deep:
         assert (meta, problem) == ({}, "frontmatter is nested too deeply: ignored, the body is indexed")
