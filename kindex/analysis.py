@@ -53,7 +53,7 @@ import Stemmer
 
 from kindex.globs import file_path_spans
 
-ANALYZER_VERSION = 23
+ANALYZER_VERSION = 24
 """Bumped whenever the terms of a text change: saved search tables of another version are rebuilt. 11: traditional
 characters read as simplified; 12: a mapped character's target is never mapped again (薴 → 苎); 13: 於, 麽, 徵, 夥, 剋
 mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop words; 16: a body read without its
@@ -61,7 +61,8 @@ mapped too, and 帐 read as 账; 15: chat abbreviations (thx, pls, btw) are stop
 (``_NAME_SUFFIX``), and titles keep the suffix; 18: headings keep tags written in code spans or escaped
 (``markdown.readable_inline``); 19: HTML headings written on one line are headings; 20: headings without
 attribute lists (``{ id="x" }``); 21: headings read reference links as their text; 22: setext
-headings; 23: C++17 and C#10 are C++ and C# with a version."""
+headings; 23: C++17 and C#10 are C++ and C# with a version; 24: links through ``.html`` addresses and site generators'
+link tags (Hugo's ``ref``, Jekyll's ``link``) give anchor text."""
 
 _HAN = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 # Either a run of Han (and kana) characters, or a word of letters/digits that may be joined by "_", "-", "." or an

@@ -165,10 +165,24 @@ def links(text: str) -> Iterator[tuple[str, str]]:
             label, target = raw[opening + 1 : start].strip(), raw[start + 2 : end].strip()
             if target.startswith("<") and ">" in target:
                 target = target[1 : target.index(">")]
+            elif target.startswith(("{{", "{%")):
+                target = _template_target(target)
             elif target:
                 target = target.split()[0]
             if label and target and len(label) <= MAX_LINK_TEXT and len(target) <= MAX_LINK_TARGET:
                 yield label, target
+
+
+def _template_target(written: str) -> str:
+    """The page a site generator's link tag names (Hugo's ``{{< ref "install.md" >}}`` or ``relref``, Jekyll's
+    ``{% link docs/install.md %}``, read from the site's root), or "" for any other template."""
+    words = written.split()
+    if len(words) < 3 or words[1] not in ("ref", "relref", "link"):
+        return ""
+    name = words[2].strip("\"'")
+    if words[1] == "link":
+        return "/" + name.lstrip("/") if name else ""
+    return name
 
 
 def _html_heading(stripped: str) -> tuple[int, str] | None:

@@ -521,7 +521,8 @@ def _link_target(source: str, written: str) -> str | None:
 def _anchors(docs: Sequence[tuple[str, DocLinks]]) -> dict[str, list[str]]:
     """Per document path, the texts of the links other documents make to it: each linking page's distinct texts,
     the pages in path order, at most ``MAX_ANCHORS_PER_DOC``. A target is a document's path, or names it without
-    its ``.md`` or as a folder holding it as ``index.md`` or ``README.md`` (how MkDocs and Docusaurus link).
+    its ``.md``, with ``.html`` for it (a built site's address, as VuePress and docsify pages link), or as a folder
+    holding it as ``index.md`` or ``README.md`` (how MkDocs and Docusaurus link).
 
     A text one page gives to more than ``MAX_TARGETS_PER_TEXT`` pages names none of them (``here``, ``文档``, or a
     farm of links that would give every page the same words) and is left out."""
@@ -531,6 +532,8 @@ def _anchors(docs: Sequence[tuple[str, DocLinks]]) -> dict[str, list[str]]:
         resolved: dict[str, set[str]] = {}  # per text, the pages it links to
         for target, label in doc_links:
             base = target.rstrip("/")
+            # A built site's address (``guide/start.html``) names the page its ``.md`` became.
+            base = base.removesuffix(".html") if base.endswith(".html") and not target.endswith("/") else base
             inside = (f"{base}/index.md", f"{base}/README.md")
             forms = inside if target.endswith("/") else (base, f"{base}.md", *inside)
             found = next((paths[c] for c in forms if c in paths), None)

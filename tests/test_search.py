@@ -599,6 +599,12 @@ def test_single_letters_rank_as_weakly_as_single_characters(indexed: Path) -> No
         ("[" + "长" * 201 + "](a.md)", []),  # a bracketed paragraph names no page
         ("[" * 50_000 + "](a.md)", []),  # one forward pass, however many brackets
         ("\\[x\\](docs/x.md) [y](y.md)", [("y", "y.md")]),  # an escaped bracket opens no link
+        # Site generators' link tags name the page: Hugo's ref and relref, Jekyll's link (from the site's root).
+        (
+            '[安装]({{< ref "install.md" >}}) [配置]({{% relref "/docs/config" %}})',
+            [("安装", "install.md"), ("配置", "/docs/config")],
+        ),
+        ("[入门]({% link docs/start.md %}) [站点]({{ site.url }}/a)", [("入门", "/docs/start.md")]),
     ],
 )
 def test_links_are_read_outside_code_and_images(text: str, found: list[tuple[str, str]]) -> None:
@@ -629,9 +635,15 @@ def test_link_targets_resolve_inside_the_kb(source: str, written: str, target: s
 
 def test_a_link_text_is_credited_to_the_page_it_names_and_not_when_it_names_many() -> None:
     pages = [("guide.md", ()), ("guide/index.md", ()), *((f"p{i}.md", ()) for i in range(5))]
-    linking = (("guide/", "入门"), ("guide", "指南"), *((f"p{i}.md", "文档") for i in range(5)), ("p1.md", "限流"))
+    linking = (
+        ("guide/", "入门"),
+        ("guide", "指南"),
+        *((f"p{i}.md", "文档") for i in range(5)),
+        ("p1.md", "限流"),
+        ("p2.html", "鉴权"),  # a built site's address for p2.md
+    )
     anchors = searchindex._anchors([("a.md", linking), *pages])
-    assert anchors == {"guide/index.md": ["入门"], "guide.md": ["指南"], "p1.md": ["限流"]}
+    assert anchors == {"guide/index.md": ["入门"], "guide.md": ["指南"], "p1.md": ["限流"], "p2.md": ["鉴权"]}
 
 
 def _linked_kb(tmp_path: Path) -> Path:
