@@ -731,3 +731,71 @@ def vocabulary(phrases: Iterable[str]) -> frozenset[str]:
             if len(pieces) > 1 and content and (len(content) == len(pieces) or segmenter.has_word(run)):
                 out.add(run)
     return frozenset(out)
+
+
+_SENTENCE_END = re.compile(r"[。！？；;\n]|[!?](?=\s|$)")
+"""What ends a sentence; a Latin ``?`` or ``!`` only before white space (``/api?id=1`` is an address)."""
+_ASKING_WORDS = (
+    "吗",
+    "呢",
+    "怎么",
+    "怎样",
+    "如何",
+    "请问",
+    "请教",
+    "能不能",
+    "能否",
+    "可不可以",
+    "可否",
+    "有没有",
+    "是否",
+    "是不是",
+    "哪",
+    "什么",
+    "为何",
+    "多少",
+    "想问",
+    "想知道",
+    "不知道",
+    "不确定",
+    "求助",
+    "求教",
+    "指点",
+)
+"""Words that make a Chinese sentence ask, with or without its question mark (``求大佬指点一下思路``)."""
+_POINTING_BACK = (
+    "这种",
+    "这个",
+    "这些",
+    "这样",
+    "这张",
+    "这两",
+    "这几",
+    "这里",
+    "这边",
+    "它",
+    "他们",
+    "上面",
+    "以上",
+    "前面",
+)
+"""Words by which a question points at what was told before it (``请问这种情况要怎么恢复``): its subject is there."""
+
+
+def asking_part(text: str) -> str | None:
+    """The sentences of ``text`` that ask (ending in a question mark, or holding 怎么, 能不能, 请问 and their like),
+    when ``text`` has others too: the background a chat message tells before its question (its setup, its own
+    names, a pasted log). ``None`` when every sentence asks or none does, or when what asks points back at the rest
+    (``请问这种情况要怎么恢复``). Linear: one regex of single characters."""
+    sentences: list[str] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        sentences.append(text[start : m.end()].strip())
+        start = m.end()
+    sentences.append(text[start:].strip())
+    sentences = [s for s in sentences if s.strip("。！？!?；;")]
+    asking = [s for s in sentences if s[-1] in "？?" or (has_han(s) and any(w in s for w in _ASKING_WORDS))]
+    if not asking or len(asking) == len(sentences):
+        return None
+    part = "\n".join(asking)
+    return None if any(w in part for w in _POINTING_BACK) else part

@@ -1020,6 +1020,24 @@ def _web_framework_kb(tmp_path: Path) -> Path:
     return kb
 
 
+def test_a_long_message_is_answered_on_what_it_asks_not_on_its_background(tmp_path: Path) -> None:
+    # Helpers' long chat messages: 13 of 60 fell back, no page covering the asker's setup (SLB, order-center,
+    # admin-console) and the question together, though the page that answers ranked first.
+    kb = _web_framework_kb(tmp_path)
+    for message in (
+        "我们组的 order-center 服务跑在 k8s 上，前面挂了阿里云 SLB 和自建的 OpenResty，链路挺长。前端同学最近一直在群里"
+        "吐槽控制台一片红。请问前端和后端不在同一个源的时候，后端要怎么允许跨域？",
+        "老师好，我们的链路是 用户 -> 云厂商 SLB -> 公司自建 OpenResty -> uvicorn。admin-console 这个前端项目跑在另一个"
+        "域名上，一调接口浏览器就拦。请问怎么允许跨域？",
+    ):
+        ctx = kindex.build_context(kb, message)
+        assert not ctx.fallback and ctx.items[0].path == "tutorial/cors.md", message
+    # A question that points back at its background is asked with it: another product's trouble stays off topic.
+    assert kindex.build_context(
+        kb, "我们线上 Redis 6 开了 AOF，重写时主线程卡顿几百毫秒。请问这种情况怎么缓解？"
+    ).fallback
+
+
 def test_an_error_message_pasted_into_a_chinese_question_is_answered(tmp_path: Path) -> None:
     # A helper's set of pasted errors: 22 of 60 fell back, the English of the message (blocked, policy, present)
     # and its code names weighing as other products' names.
