@@ -269,6 +269,8 @@ def test_the_english_a_chinese_question_pastes_is_read_as_prose_and_code() -> No
         ("限流配好了。谢谢。", None),  # none does
         # What asks points back at what was told: its subject is there, and the whole message is asked.
         ("Elasticsearch 集群变成 yellow 了。请问这种情况要怎么恢复？", None),
+        # ... but 这边 and 这里 are places: "on APISIX's side".
+        ("Nginx 加了 X-Forwarded-For。APISIX 这边要怎么拿到真实 IP？", "APISIX 这边要怎么拿到真实 IP？"),
         # A request (请求) or a requirement (要求) is no question.
         ("每次请求都要读一遍模型，要求一秒内返回。怎么只加载一次？", "怎么只加载一次？"),
     ],
