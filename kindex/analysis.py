@@ -536,8 +536,10 @@ def surface_forms(text: str) -> dict[str, str]:
     for m in _TOKEN.finditer(typed):  # the words as typed; each normalised as analysis does
         word = m.group("word")
         if word is not None and len(word) <= MAX_WORD:
-            if (named := _suffixed(word, typed, m.end())) is not None:
-                forms.setdefault(named.casefold(), named)
+            # The suffix read as analysis reads it: ``Ｃ＃`` typed full-width is C#, shown as typed.
+            plain = _nfkc(word)
+            if (named := _suffixed(plain, _nfkc(typed[m.end() : m.end() + 3]), 0)) is not None:
+                forms.setdefault(named.casefold(), word + typed[m.end() : m.end() + len(named) - len(plain)])
             for normal in _TOKEN.finditer(_nfkc(word)):
                 folded = normal.group("word")
                 if folded is not None:

@@ -226,6 +226,11 @@ def test_c_sharp_and_c_plus_plus_are_names_of_their_own() -> None:
     # No letter right before: no suffix.
     assert [analysis.title_key(t) for t in ("++ 运算符", "# 标题 #", "x++y")] == ["运算符", "标题", "xy"]
     assert analysis.surface_forms("c#?")["c#"] == "c#" and analysis.surface_forms("C++")["c++"] == "C++"
+    # Typed full-width, shown as typed (it read "c#"); a version after it stays a number of its own.
+    assert (
+        analysis.surface_forms("Ｃ＃ 和 Ｃ＋＋17")["c#"] == "Ｃ＃"
+        and analysis.surface_forms("Ｃ＋＋17")["c++"] == "Ｃ＋＋"
+    )
 
 
 def test_the_english_a_chinese_question_pastes_is_read_as_prose_and_code() -> None:
