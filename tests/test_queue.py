@@ -476,6 +476,32 @@ def test_a_redis_that_refuses_answers_503_with_its_reason(tmp_path: Path) -> Non
         server.kill()
 
 
+def test_a_redis_turning_new_clients_away_answers_503_on_healthz(tmp_path: Path) -> None:
+    import redis
+    from fastapi.testclient import TestClient
+
+    from kindex.server import create_app
+
+    shutil.copytree(SAMPLE_KB, tmp_path / "agent1", ignore=shutil.ignore_patterns(".kindex", "index.json"))
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        app = create_app(tmp_path, queue=server.url)
+        with TestClient(app, base_url="http://localhost") as client:
+            assert client.get("/healthz").status_code == 200
+            admin = redis.Redis.from_url(server.url)
+            # Every client it takes is connected (the service's pooled ones among them): a new worker or replica
+            # is turned away, and /healthz said "ok" on its pooled connection.
+            admin.config_set("maxclients", admin.info("clients")["connected_clients"])
+            health = client.get("/healthz")
+            assert health.status_code == 503, health.text
+            assert "maxclients" in health.json()["queue"]["error"]
+            admin.config_set("maxclients", 10_000)
+            assert client.get("/healthz").status_code == 200
+    finally:
+        server.kill()
+
+
 def test_a_worker_refuses_a_model_string_before_it_takes_a_slot_of_the_shared_limit(tmp_path: Path) -> None:
     # The adapter checks the string lazily, inside its first call, after the limit has been taken; a string no
     # provider takes must not spend the budget every worker shares (no Redis is touched: the store is a stand-in).

@@ -150,6 +150,11 @@ def reaching(url_hint: str = "the queue's Redis") -> Iterator[None]:
     except redis.exceptions.AuthenticationError as exc:  # a ConnectionError to redis-py, but not "check that it runs"
         raise QueueUnavailableError(f"{url_hint} {_AUTH_ADVICE} ({exc})") from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        if "max number of clients" in str(exc):  # it runs, and turns new connections away
+            raise QueueUnavailableError(
+                f"{url_hint} refused a new connection: it has as many clients as its maxclients allows; raise "
+                "maxclients, or run fewer workers and replicas"
+            ) from None
         raise QueueUnreachableError(f"{url_hint} cannot be reached ({exc}); check that it runs, then retry") from None
     except redis.exceptions.RedisError as exc:
         raise QueueUnavailableError(f"{url_hint} refused the request: {exc}") from None

@@ -116,7 +116,20 @@ class QueuedTasks:
             # A write, as queueing a step is: a Redis full under noeviction answers reads, and health said "ok"
             # while every step was refused.
             self.store.redis.set(self.store.key("health", "probe"), "1", px=10_000)
+            self._connect()
         return self.store.active(), self.store.workers(), queued
+
+    def _connect(self) -> None:
+        """A connection of its own, as a new worker's or replica's would be: at ``maxclients`` Redis turns new
+        clients away while the pooled ones still answer, and health said "ok"."""
+        pool = self.store.redis.connection_pool
+        probe = pool.connection_class(**pool.connection_kwargs)
+        try:
+            probe.connect()
+            probe.send_command("PING")
+            probe.read_response()
+        finally:
+            probe.disconnect()
 
     def stop(self) -> None:
         """Nothing to cancel here: the workers run the steps, and a deploy of the API leaves them running."""
