@@ -34,7 +34,6 @@ from kindex.analysis import (
     MAX_VOCAB_TERM,
     Pasted,
     analyze,
-    asking_part,
     background_rate,
     english_rate,
     has_han,
@@ -1156,7 +1155,7 @@ def _rank(
         titled = np.union1d(titled, _among(own, candidates)).astype(np.int32)
     # A page's title asked word for word is on topic whatever its words' weight: `CASE`, `Trigger` or `Go` to a
     # database's manual name a page, though the manual uses them too often for them to cover a question.
-    if len(titled) or _on_topic(loaded, scored, candidates, min_relevance):
+    if len(titled) or scored.on_topic(candidates, min_relevance):
         t_scores, _, _ = _theme_scores(loaded, scored)
         # The prior added to every document, then the candidates' picked: one gather of them, not three.
         final = (scored.scores + np.float32(THEME_PRIOR) * t_scores[loaded.theme_of])[candidates]
@@ -1184,22 +1183,6 @@ def _rank(
             doc = loaded.index.docs[idx]
             hits.append(_Hit(idx, doc.path, "document", doc.entry, float(final[i]), MATCHED))
     return hits
-
-
-def _on_topic(loaded: _Loaded, scored: _Scored, candidates: npt.NDArray[np.intp], min_relevance: float) -> bool:
-    """:meth:`_Scored.on_topic` of the sentences of the message that ask, as if asked alone, where it also tells
-    (:func:`~kindex.analysis.asking_part`) and they hold a word the KB weighs; else of the whole message.
-
-    A chat message tells its setup before it asks: its own hosts and services (``SLB``, ``admin-console``), what
-    it tried, words the KB holds once. No page covers that and the question together, and helpers' long messages
-    fell back on 13 of 60 with the answering page ranked first. Told alone, the background may also hold a word
-    of the KB (网关迁移) in small talk that asks about a weekend trip. The ranking still reads the whole message."""
-    part = asking_part(scored.message) if min_relevance and len(candidates) else None
-    if part is not None:
-        asked = _scored(loaded, part)
-        if asked.total > 0:
-            return asked.on_topic(np.nonzero((asked.scores > 0) & loaded.unconditional)[0], min_relevance)
-    return scored.on_topic(candidates, min_relevance)
 
 
 def off_topic(items: Sequence[ContextItem]) -> bool:

@@ -252,33 +252,3 @@ def test_the_english_a_chinese_question_pastes_is_read_as_prose_and_code() -> No
         assert analysis.pasted_english(question) == analysis.Pasted(frozenset(), {}), question
     # Products' names and values stay out even in a run: MySQL, PowerShell (two capitalised parts), x2y (a value).
     assert not analysis.pasted_english("run MySQL PowerShell x2y GitHub now").compounds
-
-
-@pytest.mark.parametrize(
-    ("message", "part"),
-    [
-        # The background a chat message tells before it asks: its setup, its own names, what it tried.
-        (
-            "我们的链路是 用户 -> SLB -> Nginx -> APISIX。现在日志里的 IP 全是内网的。请问怎么拿到真实的客户端 IP？",
-            "请问怎么拿到真实的客户端 IP？",
-        ),
-        # A sentence asks by its words as well as by its mark; every asking sentence is kept, in order.
-        (
-            "路由全部 404。不确定该用哪个插件，求大佬指点。改完要重启吗",
-            "不确定该用哪个插件，求大佬指点。\n改完要重启吗",
-        ),
-        # A Latin ? or ! ends a sentence only before white space: /api?id=1 is an address.
-        ("日志里 GET /api?id=1 返回 500! 接口怎么排查?", "接口怎么排查?"),
-        ("怎么配置限流", None),  # one sentence: the message is its question
-        ("怎么配置限流？要重启吗？", None),  # every sentence asks
-        ("限流配好了。谢谢。", None),  # none does
-        # What asks points back at what was told: its subject is there, and the whole message is asked.
-        ("Elasticsearch 集群变成 yellow 了。请问这种情况要怎么恢复？", None),
-        # ... but 这边 and 这里 are places: "on APISIX's side".
-        ("Nginx 加了 X-Forwarded-For。APISIX 这边要怎么拿到真实 IP？", "APISIX 这边要怎么拿到真实 IP？"),
-        # A request (请求) or a requirement (要求) is no question.
-        ("每次请求都要读一遍模型，要求一秒内返回。怎么只加载一次？", "怎么只加载一次？"),
-    ],
-)
-def test_the_part_of_a_message_that_asks(message: str, part: str | None) -> None:
-    assert analysis.asking_part(message) == part

@@ -1020,22 +1020,17 @@ def _web_framework_kb(tmp_path: Path) -> Path:
     return kb
 
 
-def test_a_long_message_is_answered_on_what_it_asks_not_on_its_background(tmp_path: Path) -> None:
-    # Helpers' long chat messages: 13 of 60 fell back, no page covering the asker's setup (SLB, order-center,
-    # admin-console) and the question together, though the page that answers ranked first.
+def test_a_long_message_is_decided_whole_with_the_product_its_background_names(tmp_path: Path) -> None:
+    # The twenty-sixth session decided long messages on their asking sentences alone; a hostile campaign showed the
+    # background then lost the product it names (Express.js below got the CORS page), and a trailing 求助！ turned
+    # an answered question into a fallback. Reverted: the whole message decides.
     kb = _web_framework_kb(tmp_path)
-    for message in (
-        "我们组的 order-center 服务跑在 k8s 上，前面挂了阿里云 SLB 和自建的 OpenResty，链路挺长。前端同学最近一直在群里"
-        "吐槽控制台一片红。请问前端和后端不在同一个源的时候，后端要怎么允许跨域？",
-        "老师好，我们的链路是 用户 -> 云厂商 SLB -> 公司自建 OpenResty -> uvicorn。admin-console 这个前端项目跑在另一个"
-        "域名上，一调接口浏览器就拦。请问怎么允许跨域？",
-    ):
+    other = "公司另一个项目是用 Express.js 写的 Node 服务，前端页面一调接口就被浏览器拦了，控制台一片红。跨域怎么处理？"
+    assert kindex.build_context(kb, other).fallback
+    ours = "前端跑在 3000 端口，后端在 8000，浏览器控制台说被 CORS 拦了。后端要怎么允许跨域？"
+    for message in (ours, ours + "求助！", ours + "谢谢！"):
         ctx = kindex.build_context(kb, message)
         assert not ctx.fallback and ctx.items[0].path == "tutorial/cors.md", message
-    # A question that points back at its background is asked with it: another product's trouble stays off topic.
-    assert kindex.build_context(
-        kb, "我们线上 Redis 6 开了 AOF，重写时主线程卡顿几百毫秒。请问这种情况怎么缓解？"
-    ).fallback
 
 
 def test_an_error_message_pasted_into_a_chinese_question_is_answered(tmp_path: Path) -> None:
