@@ -714,7 +714,11 @@ def _scored(loaded: _Loaded, message: str) -> _Scored:
 
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
 MAX_SPELLING_FIXES = 4
-"""Words of one message looked up as misspellings: each costs a few hundred lookups."""
+"""Words of one message read as misspellings."""
+MAX_SPELLING_TRIES = 16
+"""Words of one message looked up as misspellings, found or not: each costs a few hundred lookups, and a message
+of thousands of words neither English nor the KB's (a paste, random text) took 5 s. A question with a slip in it
+holds a few such words, not sixteen."""
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -737,8 +741,9 @@ def _misspelt(loaded: _Loaded, text: str, analysed: Sequence[str]) -> dict[str, 
     if not unknown:
         return fixed
     seen: set[str] = set()
+    tries = 0
     for m in _LATIN_WORD.finditer(text):
-        if len(fixed) == MAX_SPELLING_FIXES:
+        if len(fixed) == MAX_SPELLING_FIXES or tries == MAX_SPELLING_TRIES:
             break
         typed = m.group()
         if not 4 <= len(typed) <= 24 or typed.isupper():  # VLOOKUP, NGINX: a name as written, not a slip
@@ -750,6 +755,7 @@ def _misspelt(loaded: _Loaded, text: str, analysed: Sequence[str]) -> dict[str, 
         term = stem(word)
         if term in fixed or term not in unknown:
             continue
+        tries += 1
         swapped = {word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(len(word) - 1)} - {word}
         edited: set[str] = set()
         if len(word) >= 6:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -677,6 +677,27 @@ def test_a_slip_of_the_keyboard_is_read_as_the_kbs_word_not_a_name(
     kb = _pages_kb(tmp_path, pages)
     hits = kindex.search(kb, question)
     assert hits and hits[0].path == first and shown in hits[0].matched, hits[:2]
+
+
+def test_a_message_of_many_unknown_words_looks_up_few_of_them_as_slips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hostile campaign's 20,000 characters of made-up words, each line ending in "?": every word was looked up
+    # as a misspelling (a few hundred lookups each), 5 s a call. A question with a slip holds a few such words.
+    kb = _pages_kb(tmp_path, {"cors": ("CORS", "Enable CORS for a frontend on another origin.")})
+    looked: list[Sequence[str]] = []
+    holders = kindex.retrieve._holders
+
+    def counted(loaded: Any, terms: Sequence[str]) -> Any:
+        looked.append(terms)
+        return holders(loaded, terms)
+
+    monkeypatch.setattr(kindex.retrieve, "_holders", counted)
+    made_up = " ".join(f"zq{a}{b}x{c}wv" for a in "bcdfghjk" for b in "lmnprstv" for c in "bdgk")  # 256 words
+    kindex.search(kb, made_up + " How do I enabel CORS?")
+    assert len(looked) == kindex.retrieve.MAX_SPELLING_TRIES
+    looked.clear()
+    assert kindex.search(kb, "How do I enabel CORS?")[0].path == "t/cors.md" and len(looked) == 1
 
 
 @pytest.mark.parametrize(
