@@ -173,14 +173,25 @@ def links(text: str) -> Iterator[tuple[str, str]]:
                 yield label, target
 
 
+_LINK_TAGS = (("{{<", ">}}"), ("{{%", "%}}"), ("{%", "%}"))
+
+
 def _template_target(written: str) -> str:
-    """The page a site generator's link tag names (Hugo's ``{{< ref "install.md" >}}`` or ``relref``, Jekyll's
-    ``{% link docs/install.md %}``, read from the site's root), or "" for any other template."""
-    words = written.split()
-    if len(words) < 3 or words[1] not in ("ref", "relref", "link"):
+    """The page a site generator's link tag names (Hugo's ``{{< ref "install.md" >}}`` or ``relref``, with or
+    without spaces inside its brackets; Jekyll's ``{% link docs/install.md %}``, read from the site's root), or ""
+    for any other template."""
+    for opening, closing in _LINK_TAGS:
+        if written.startswith(opening) and written.endswith(closing):
+            words = written[len(opening) : len(written) - len(closing)].split(None, 1)
+            break
+    else:
         return ""
-    name = words[2].strip("\"'")
-    if words[1] == "link":
+    if len(words) < 2 or words[0] not in ("ref", "relref", "link"):
+        return ""
+    argument = words[1].strip()
+    # A quoted name may hold spaces; an unquoted one ends at the first.
+    name = argument[1:].split(argument[0], 1)[0] if argument[0] in "\"'" else argument.split()[0]
+    if words[0] == "link":
         return "/" + name.lstrip("/") if name else ""
     return name
 

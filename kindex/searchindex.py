@@ -533,7 +533,7 @@ def _anchors(docs: Sequence[tuple[str, DocLinks]]) -> dict[str, list[str]]:
         for target, label in doc_links:
             base = target.rstrip("/")
             # A built site's address (``guide/start.html``) names the page its ``.md`` became.
-            base = base.removesuffix(".html") if base.endswith(".html") and not target.endswith("/") else base
+            base = base if target.endswith("/") else base.removesuffix(".html")
             inside = (f"{base}/index.md", f"{base}/README.md")
             forms = inside if target.endswith("/") else (base, f"{base}.md", *inside)
             found = next((paths[c] for c in forms if c in paths), None)

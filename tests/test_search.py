@@ -605,6 +605,10 @@ def test_single_letters_rank_as_weakly_as_single_characters(indexed: Path) -> No
             [("安装", "install.md"), ("配置", "/docs/config")],
         ),
         ("[入门]({% link docs/start.md %}) [站点]({{ site.url }}/a)", [("入门", "/docs/start.md")]),
+        (
+            '[安装]({{<ref "my install.md">}}) [配置]({{< ref >}}) [x]({{< figure src="a.png" >}})',
+            [("安装", "my install.md")],
+        ),
     ],
 )
 def test_links_are_read_outside_code_and_images(text: str, found: list[tuple[str, str]]) -> None:
